@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes components the tests and the demo run as local processes, from their Go
+# modules at the versions pinned in hack/versions.env, and caches them under ~/.cache/kubeckpt/
+# (override with KUBECKPT_CACHE). A second run finds every binary in the cache and returns at once.
+#
+# Prints, as its last line, the path of an env file that names every binary (sourced by the Makefile
+# and read by tests/cluster). Usage: hack/build-binaries.sh [--print-env]
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+CACHE=${KUBECKPT_CACHE:-$HOME/.cache/kubeckpt}
+mkdir -p "$CACHE"
+export GOFLAGS="-buildvcs=false -trimpath"
+export GOTOOLCHAIN=local
+export CGO_ENABLED=0
+
+log() { printf '[build-binaries] %s\n' "$*" >&2; }
+die() { printf '[build-binaries] error: %s\n' "$*" >&2; exit 1; }
+
+version_ge() { # $1 >= $2, both dotted
+  [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
+}
+
+# --- Go toolchain -------------------------------------------------------------------------------
+ensure_go() {
+  local have=""
+  if command -v go >/dev/null 2>&1; then
+    have=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
+  fi
+  if [ -n "$have" ] && version_ge "$have" "$GO_MIN_VERSION"; then
+    GO=$(command -v go)
+    return
+  fi
+  local dir="$CACHE/go-$GO_TOOLCHAIN_VERSION"
+  if [ ! -x "$dir/bin/go" ]; then
+    if ! command -v curl >/dev/null || ! command -v unzip >/dev/null; then
+      if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq >&2 && apt-get install -y -qq curl unzip ca-certificates >&2
+      fi
+    fi
+    command -v curl >/dev/null || die "curl is needed to fetch Go $GO_TOOLCHAIN_VERSION: apt-get install -y curl"
+    command -v unzip >/dev/null || die "unzip is needed to unpack Go $GO_TOOLCHAIN_VERSION: apt-get install -y unzip"
+    local proxy=${GOPROXY:-https://proxy.golang.org}
+    proxy=${proxy%%,*}
+    [ "$proxy" = direct ] || [ "$proxy" = off ] && proxy=https://proxy.golang.org
+    local url="$proxy/golang.org/toolchain/@v/v0.0.1-go$GO_TOOLCHAIN_VERSION.linux-amd64.zip"
+    log "Go >= $GO_MIN_VERSION not found (have: ${have:-none}); fetching the toolchain from $url"
+    local tmp
+    tmp=$(mktemp -d)
+    curl -fsSL -o "$tmp/go.zip" "$url" || die "could not download the Go toolchain from $url"
+    unzip -q "$tmp/go.zip" -d "$tmp/x"
+    # The module zip holds golang.org/toolchain@<version>/... ; its contents are a GOROOT.
+    mkdir -p "$dir"
+    cp -a "$tmp"/x/golang.org/toolchain@*/. "$dir/"
+    chmod +x "$dir"/bin/* "$dir"/pkg/tool/*/* 2>/dev/null || true
+    rm -rf "$tmp"
+  fi
+  GO="$dir/bin/go"
+  export PATH="$dir/bin:$PATH"
+}
+
+# --- one cached build -----------------------------------------------------------------------------
+# A build is done once its directory holds a .complete stamp; a half-built directory is rebuilt.
+done_stamp() { [ -f "$1/.complete" ]; }
+
+# Where the module cache holds a module's source (downloading it if needed).
+module_dir() {
+  "$GO" mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+}
+
+build_kubernetes() {
+  local out="$CACHE/kubernetes-$K8S_VERSION"
+  done_stamp "$out" && return
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION (cold: several minutes)"
+  local mod="$CACHE/src/kubernetes-$K8S_VERSION"
+  rm -rf "$mod" "$out"
+  mkdir -p "$mod" "$out"
+  local staging="v0.${K8S_VERSION#v1.}"
+  # k8s.io/kubernetes replaces its staging modules with local paths; a consumer must replace them
+  # with their published versions (the documented "use k8s.io/kubernetes as a library" pattern).
+  local gomod
+  gomod=$(cd "$mod" && "$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+  [ -f "$gomod" ] || die "could not download k8s.io/kubernetes@$K8S_VERSION from the Go module proxy"
+  gomod=$(cat "$gomod")
+  {
+    echo "module kubeckpt.local/kubernetes-build"
+    echo
+    echo "go $GO_MIN_VERSION"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    echo "replace ("
+    printf '%s\n' "$gomod" | sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\t\1 => \1 '"$staging"'#p'
+    echo ")"
+  } >"$mod/go.mod"
+  cat >"$mod/tools.go" <<'EOF'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	_ "k8s.io/kubectl/pkg/cmd"
+)
+EOF
+  local major=${K8S_VERSION#v}; major=${major%%.*}
+  local minor=${K8S_VERSION#v*.}; minor=${minor%%.*}
+  local ldflags="-s -w"
+  ldflags+=" -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
+  ldflags+=" -X k8s.io/component-base/version.gitMajor=$major"
+  ldflags+=" -X k8s.io/component-base/version.gitMinor=$minor"
+  ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+  (
+    cd "$mod"
+    "$GO" mod tidy >&2
+    local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+      k8s.io/kubernetes/cmd/kube-scheduler)
+    [ "${BUILD_KUBECTL:-0}" = 1 ] && pkgs+=(k8s.io/kubernetes/cmd/kubectl)
+    "$GO" build -mod=mod -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" >&2
+  )
+  touch "$out/.complete"
+}
+
+build_etcd() {
+  local out="$CACHE/etcd-$ETCD_VERSION"
+  done_stamp "$out" && return
+  log "building etcd $ETCD_VERSION"
+  local mod="$CACHE/src/etcd-$ETCD_VERSION"
+  rm -rf "$mod" "$out"
+  mkdir -p "$mod" "$out"
+  # The etcd repository's root module uses local replaces and cannot be installed with go install;
+  # a two-line wrapper around etcdmain builds the same server from the published server module.
+  cat >"$mod/go.mod" <<EOF
+module kubeckpt.local/etcd-build
+
+go $GO_MIN_VERSION
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+EOF
+  cat >"$mod/main.go" <<'EOF'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOF
+  (
+    cd "$mod"
+    "$GO" mod tidy >&2
+    "$GO" build -ldflags "-s -w" -o "$out/etcd" . >&2
+  )
+  touch "$out/.complete"
+}
+
+build_kwok() {
+  local out="$CACHE/kwok-$KWOK_VERSION"
+  done_stamp "$out" && return
+  log "building kwok $KWOK_VERSION"
+  rm -rf "$out"
+  mkdir -p "$out"
+  GOBIN="$out" "$GO" install -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" \
+    "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" >&2
+  # KWOK's own CRDs (Exec, ClusterExec: the tests map each pod's exec to a directory) and its stock
+  # lifecycle stages (fast node and pod stages: pods become Running without a random delay).
+  local src
+  src=$(module_dir "sigs.k8s.io/kwok@$KWOK_VERSION")
+  mkdir -p "$out/crds" "$out/stages"
+  cp "$src"/kustomize/crd/bases/kwok.x-k8s.io_{execs,clusterexecs,logs,clusterlogs}.yaml "$out/crds/"
+  cp "$src"/kustomize/stage/node/fast/node-initialize.yaml \
+    "$src"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+    "$src"/kustomize/stage/pod/fast/pod-{ready,complete,delete}.yaml "$out/stages/"
+  chmod -R u+w "$out"
+  touch "$out/.complete"
+}
+
+build_training_operator() {
+  local out="$CACHE/training-operator-$TRAINING_OPERATOR_VERSION"
+  done_stamp "$out" && return
+  log "building the Kubeflow training-operator $TRAINING_OPERATOR_VERSION"
+  rm -rf "$out"
+  mkdir -p "$out/crds" "$out/webhook"
+  GOBIN="$out" "$GO" install -ldflags "-s -w" \
+    "github.com/kubeflow/training-operator/cmd/training-operator.v1@$TRAINING_OPERATOR_VERSION" >&2
+  # The CRDs and the webhook configuration ship in the same module.
+  local src
+  src=$(module_dir "github.com/kubeflow/training-operator@$TRAINING_OPERATOR_VERSION")
+  [ -d "$src/manifests/base/crds" ] || die "no CRDs found in $src/manifests/base/crds"
+  cp "$src"/manifests/base/crds/*.yaml "$out/crds/"
+  rm -f "$out/crds/kustomization.yaml"
+  cp "$src"/manifests/base/webhook/manifests.yaml "$out/webhook/" 2>/dev/null || true
+  chmod -R u+w "$out"
+  touch "$out/.complete"
+}
+
+find_kubectl() {
+  # The machine's kubectl when it is within one minor version of the server (the supported skew),
+  # else one built from the same Kubernetes module.
+  local want=${K8S_VERSION#v1.}; want=${want%%.*}
+  if command -v kubectl >/dev/null 2>&1; then
+    local minor
+    minor=$(kubectl version --client -o json 2>/dev/null | sed -n 's/.*"minor": "\([0-9]*\).*/\1/p' | head -n1)
+    if [ -n "$minor" ] && [ $((minor - want)) -le 1 ] && [ $((want - minor)) -le 1 ]; then
+      KUBECTL=$(command -v kubectl)
+      return
+    fi
+  fi
+  local out="$CACHE/kubectl-$K8S_VERSION"
+  if ! done_stamp "$out"; then
+    log "no kubectl within one minor version of $K8S_VERSION on PATH; building it"
+    BUILD_KUBECTL=1 build_kubernetes_kubectl "$out"
+  fi
+  KUBECTL="$out/kubectl"
+}
+
+build_kubernetes_kubectl() {
+  local out=$1
+  build_kubernetes
+  local mod="$CACHE/src/kubernetes-$K8S_VERSION"
+  mkdir -p "$out"
+  (cd "$mod" && "$GO" build -mod=mod -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION" \
+    -o "$out/kubectl" k8s.io/kubernetes/cmd/kubectl >&2)
+  touch "$out/.complete"
+}
+
+main() {
+  # One build at a time per cache (a test run and the demo may start together).
+  exec 9>"$CACHE/.build.lock"
+  if command -v flock >/dev/null 2>&1; then
+    flock 9
+  fi
+  ensure_go
+  local start=$SECONDS
+  build_etcd
+  build_kwok
+  build_training_operator
+  build_kubernetes
+  find_kubectl
+  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION.env"
+  cat >"$envfile" <<EOF
+KUBECKPT_ETCD=$CACHE/etcd-$ETCD_VERSION/etcd
+KUBECKPT_KUBE_APISERVER=$CACHE/kubernetes-$K8S_VERSION/kube-apiserver
+KUBECKPT_KUBE_CONTROLLER_MANAGER=$CACHE/kubernetes-$K8S_VERSION/kube-controller-manager
+KUBECKPT_KUBE_SCHEDULER=$CACHE/kubernetes-$K8S_VERSION/kube-scheduler
+KUBECKPT_KWOK=$CACHE/kwok-$KWOK_VERSION/kwok
+KUBECKPT_KWOK_CRDS=$CACHE/kwok-$KWOK_VERSION/crds
+KUBECKPT_KWOK_STAGES=$CACHE/kwok-$KWOK_VERSION/stages
+KUBECKPT_TRAINING_OPERATOR=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/training-operator.v1
+KUBECKPT_TRAINING_OPERATOR_CRDS=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/crds
+KUBECKPT_KUBECTL=$KUBECTL
+EOF
+  log "binaries ready in $((SECONDS - start)) s"
+  echo "$envfile"
+}
+
+main "$@"
