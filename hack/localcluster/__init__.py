@@ -1,0 +1,16 @@
+"""The local Kubernetes control plane used by the tests (pytest fixture) and `make cluster-up`."""
+
+from .binaries import Binaries, MissingBinaries, ensure_binaries
+from .cluster import ClusterError, LocalCluster, local_cluster, sweep_stale_workdirs
+from .waiting import wait_for
+
+__all__ = [
+    "Binaries",
+    "ClusterError",
+    "LocalCluster",
+    "MissingBinaries",
+    "ensure_binaries",
+    "local_cluster",
+    "sweep_stale_workdirs",
+    "wait_for",
+]

@@ -1,0 +1,120 @@
+"""`python -m localcluster up|start|stop|status` (run with hack/ on sys.path; see the Makefile).
+
+up     run the cluster in the foreground until SIGINT/SIGTERM
+start  run it in the background and return once it is ready (state in .cluster/)
+stop   stop a cluster started with `start`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .cluster import REPO, LocalCluster
+
+STATE = REPO / ".cluster"
+
+
+def _up(nodes: int, state: Path | None) -> int:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    cluster = LocalCluster(nodes=nodes)
+    cluster.start()
+    try:
+        info = cluster.describe()
+        if state is not None:
+            state.mkdir(exist_ok=True)
+            (state / "kubeconfig").write_text(cluster.kubeconfig.read_text())
+            (state / "cluster.json").write_text(json.dumps({**info, "pid": os.getpid()}, indent=2))
+        print(f"cluster ready in {info['timings']['start']} s")  # type: ignore[index]
+        print(f"export KUBECONFIG={state / 'kubeconfig' if state else cluster.kubeconfig}")
+        sys.stdout.flush()
+        while not stop.wait(1):
+            for p in cluster.procs.values():
+                if not p.alive():
+                    print(f"{p.name} exited:\n{p.tail()}", file=sys.stderr)
+                    return 1
+        return 0
+    finally:
+        cluster.stop()
+        if state is not None:
+            for f in ("kubeconfig", "cluster.json"):
+                (state / f).unlink(missing_ok=True)
+
+
+def _start(nodes: int) -> int:
+    STATE.mkdir(exist_ok=True)
+    info = STATE / "cluster.json"
+    if info.exists():
+        pid = json.loads(info.read_text()).get("pid")
+        if pid and Path(f"/proc/{pid}").exists():
+            print(f"already running (pid {pid}); export KUBECONFIG={STATE / 'kubeconfig'}")
+            return 0
+        info.unlink()
+    log = (STATE / "cluster.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localcluster", "up", "--nodes", str(nodes), "--state", str(STATE)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=os.environ,
+    )
+    while not info.exists():
+        if proc.poll() is not None:
+            print((STATE / "cluster.log").read_text()[-4000:], file=sys.stderr)
+            print("the local cluster failed to start; its log is above", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    print(f"cluster running (pid {proc.pid}); export KUBECONFIG={STATE / 'kubeconfig'}")
+    return 0
+
+
+def _stop() -> int:
+    info = STATE / "cluster.json"
+    if not info.exists():
+        print("no local cluster is running")
+        return 0
+    pid = json.loads(info.read_text())["pid"]
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        info.unlink(missing_ok=True)
+        return 0
+    for _ in range(300):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+    print("cluster stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="localcluster",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("command", choices=["up", "start", "stop"])
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--state", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.command == "up":
+        return _up(args.nodes, args.state)
+    if args.command == "start":
+        return _start(args.nodes)
+    return _stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

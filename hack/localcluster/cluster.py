@@ -1,0 +1,690 @@
+"""A real local Kubernetes control plane, run as plain processes (the envtest way, plus more).
+
+etcd, kube-apiserver (client-certificate and service-account-token authentication, RBAC), the
+controller-manager (garbage collection, namespaces, service accounts and their tokens), the
+scheduler, KWOK (fake nodes that the scheduler binds pods to, pod lifecycle, and pod exec served as
+local processes), and the real Kubeflow training-operator with its validating webhooks. Our CRDs,
+the training-operator's and KWOK's Exec CRDs are installed. Everything listens on loopback ports
+and lives in one temporary directory that `stop()` removes.
+
+Every child is started with PR_SET_PDEATHSIG, so even a SIGKILLed test run leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from . import pki
+from .binaries import Binaries, ensure_binaries
+
+REPO = Path(__file__).resolve().parents[2]
+OUR_CRDS = REPO / "config" / "crd" / "bases"
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+TRAINING_OPERATOR_NS = "kubeflow"
+# The training-operator's cert rotator checks this fixed path for the mounted certificate.
+TRAINING_OPERATOR_ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ClusterError(RuntimeError):
+    """A component did not start; the message carries the end of its log."""
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: the kernel sends SIGKILL when our process dies.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.setpgid(0, 0)
+
+
+WORKDIR_PREFIX = "kubeckpt-cluster-"
+
+
+def sweep_stale_workdirs(tmp: Path | None = None) -> list[Path]:
+    """Remove work directories left by clusters whose owning process is gone (a SIGKILLed run).
+
+    Their processes died with their owner (PR_SET_PDEATHSIG); only the files remain.
+    """
+    removed = []
+    for d in Path(tmp or tempfile.gettempdir()).glob(WORKDIR_PREFIX + "*"):
+        try:
+            pid = int((d / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue  # not ours, or still being created
+        if not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Process:
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict[str, str] | None = None
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            preexec_fn=_die_with_parent,
+            close_fds=True,
+        )
+        out.close()
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        p = self.popen
+        if p is None or p.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+    def kill(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+
+@dataclass
+class LocalCluster:
+    """Start with `start()`, stop with `stop()`; or use as a context manager."""
+
+    nodes: int = 3
+    binaries: Binaries | None = None
+    workdir: Path | None = None
+    keep_workdir: bool = False
+    procs: dict[str, Process] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    # --- paths and addresses ---
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    def __post_init__(self) -> None:
+        self.ports: dict[str, int] = {}
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- lifecycle ---
+    def start(self) -> None:
+        t0 = time.monotonic()
+        if self.binaries is None:
+            self.binaries = ensure_binaries()
+        self.timings["binaries"] = time.monotonic() - t0
+        t_start = time.monotonic()
+        sweep_stale_workdirs()
+        self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        (self.workdir / "owner.pid").write_text(str(os.getpid()))
+        (self.workdir / "logs").mkdir()
+        for name in ("etcd", "etcd_peer", "apiserver", "kwok", "operator_webhook"):
+            self.ports[name] = free_port()
+        try:
+            self._pki()
+            self._start_etcd()
+            self._start_apiserver()
+            self.timings["apiserver_ready"] = time.monotonic() - t_start
+            # CRDs first, so KWOK's Exec informer finds its resource at once instead of backing off.
+            self._install_crds()
+            self._start_controllers()
+            self._start_training_operator()
+            self._create_nodes()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["start"] = time.monotonic() - t_start
+        (self.workdir / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
+
+    def stop(self) -> None:
+        for name in reversed(list(self.procs)):
+            self.procs[name].stop()
+        self.procs.clear()
+        if self.workdir is not None and not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "kubeconfig": str(self.kubeconfig),
+            "server": self.server,
+            "workdir": str(self.workdir),
+            "ports": self.ports,
+            "pids": {n: p.popen.pid for n, p in self.procs.items() if p.popen},
+            "timings": {k: round(v, 2) for k, v in self.timings.items()},
+        }
+
+    # --- helpers ---
+    def kubectl(
+        self,
+        *args: str,
+        input: str | bytes | None = None,
+        check: bool = True,
+        timeout: float = 60,
+        text: bool = True,
+    ) -> subprocess.CompletedProcess:
+        assert self.binaries is not None
+        data = input.encode() if isinstance(input, str) else input
+        proc = subprocess.run(
+            [str(self.binaries.kubectl), "--kubeconfig", str(self.kubeconfig), *args],
+            input=data,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+        if text:
+            proc = subprocess.CompletedProcess(
+                proc.args,
+                proc.returncode,
+                proc.stdout.decode(errors="replace"),
+                proc.stderr.decode(errors="replace"),
+            )
+        if check and proc.returncode != 0:
+            raise ClusterError(
+                f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr!s}"
+            )
+        return proc
+
+    def apply(self, manifest: str | dict | Sequence[dict], *, server_side: bool = True) -> str:
+        if not isinstance(manifest, str):
+            docs = [manifest] if isinstance(manifest, dict) else list(manifest)
+            manifest = yaml.safe_dump_all(docs)
+        args = ["apply", "-f", "-"]
+        if server_side:
+            args += ["--server-side", "--field-manager=kubeckpt-tests", "--force-conflicts"]
+        return self.kubectl(*args, input=manifest).stdout
+
+    def exec_dir(self, namespace: str, pod: str, containers: Sequence[str] = ()) -> Path:
+        """A directory that `kubectl exec <pod>` commands run in (a KWOK `Exec` for that pod)."""
+        assert self.workdir is not None
+        d = self.workdir / "exec" / namespace / pod
+        d.mkdir(parents=True, exist_ok=True)
+        target: dict[str, object] = {"local": {"workDir": str(d)}}
+        if containers:
+            target["containers"] = list(containers)
+        self.apply(
+            {
+                "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                "kind": "Exec",
+                "metadata": {"name": pod, "namespace": namespace},
+                "spec": {"execs": [target]},
+            }
+        )
+        return d
+
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        assert self.workdir is not None
+        pkidir = self.workdir / "pki"
+        ctx = ssl.create_default_context(cafile=str(pkidir / "ca.crt"))
+        ctx.load_cert_chain(str(pkidir / "admin.crt"), str(pkidir / "admin.key"))
+        return ctx
+
+    def get_json(self, path: str, timeout: float = 5) -> dict:
+        with urllib.request.urlopen(
+            self.server + path, context=self.admin_ssl_context(), timeout=timeout
+        ) as r:
+            return json.loads(r.read())
+
+    # --- steps ---
+    def _pki(self) -> None:
+        assert self.workdir is not None
+        d = self.workdir / "pki"
+        d.mkdir()
+        ca = pki.make_ca("kubeckpt-local-ca")
+        ca.write(d, "ca")
+        pki.issue(
+            ca,
+            "kube-apiserver",
+            dns_names=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            ips=("127.0.0.1", "10.96.0.1"),
+            server=True,
+        ).write(d, "apiserver")
+        pki.issue(ca, "kubeckpt-admin", orgs=("system:masters",), client=True).write(d, "admin")
+        pki.issue(ca, "kube-apiserver-kubelet-client", orgs=("system:masters",), client=True).write(
+            d, "kubelet-client"
+        )
+        sa_key, sa_pub = pki.service_account_keys()
+        (d / "sa.key").write_bytes(sa_key)
+        (d / "sa.pub").write_bytes(sa_pub)
+        # KWOK serves the kubelet API (exec) over TLS with this certificate.
+        pki.issue(ca, "kwok", dns_names=("localhost",), ips=("127.0.0.1",), server=True).write(
+            d, "kwok"
+        )
+        # The training-operator's webhook: its rotator verifies the CA against the DNS name
+        # "training-operator-ca" and the serving certificate against the service's DNS name.
+        op_ca = pki.make_ca(
+            "training-operator-ca", dns_names=("training-operator-ca",), use_rsa=True
+        )
+        op_ca.write(d, "operator-ca")
+        pki.issue(
+            op_ca,
+            "training-operator",
+            dns_names=(f"training-operator.{TRAINING_OPERATOR_NS}.svc",),
+            ips=("127.0.0.1",),
+            server=True,
+            use_rsa=True,
+        ).write(d, "operator-webhook")
+        self._write_kubeconfig(self.kubeconfig, "kubeckpt-admin", d / "admin.crt", d / "admin.key")
+
+    def _write_kubeconfig(self, path: Path, user: str, crt: Path, key: Path) -> None:
+        assert self.workdir is not None
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "kubeckpt-local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self.workdir / "pki" / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [
+                {"name": user, "user": {"client-certificate": str(crt), "client-key": str(key)}}
+            ],
+            "contexts": [
+                {"name": "kubeckpt-local", "context": {"cluster": "kubeckpt-local", "user": user}}
+            ],
+            "current-context": "kubeckpt-local",
+        }
+        path.write_text(yaml.safe_dump(cfg))
+        path.chmod(0o600)
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        assert self.workdir is not None
+        p = Process(name, argv, self.workdir / "logs" / f"{name}.log", env=env)
+        p.start()
+        self.procs[name] = p
+        return p
+
+    def _wait(self, what: str, proc: Process | None, check, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        last: object = None
+        while time.monotonic() < deadline:
+            if proc is not None and not proc.alive():
+                raise ClusterError(f"{proc.name} exited while waiting for {what}:\n{proc.tail()}")
+            try:
+                if check():
+                    return
+            except Exception as e:
+                last = e
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        tail = f"\n{proc.name} log:\n{proc.tail()}" if proc else ""
+        raise ClusterError(
+            f"timed out after {timeout:.0f}s waiting for {what} (last: {last}){tail}"
+        )
+
+    def _start_etcd(self) -> None:
+        assert self.workdir is not None and self.binaries is not None
+        client = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer = f"http://127.0.0.1:{self.ports['etcd_peer']}"
+        p = self._spawn(
+            "etcd",
+            [
+                str(self.binaries.etcd),
+                "--name=kubeckpt",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=kubeckpt={peer}",
+                # A throwaway test store: skip fsync so the tests run at memory speed.
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(client + "/health", timeout=1) as r:
+                return json.loads(r.read()).get("health") == "true"
+
+        self._wait("etcd health", p, healthy, 30)
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['etcd']}"
+
+    def apiserver_argv(self) -> list[str]:
+        assert self.workdir is not None and self.binaries is not None
+        d = self.workdir / "pki"
+        return [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.ports['apiserver']}",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--tls-cert-file={d / 'apiserver.crt'}",
+            f"--tls-private-key-file={d / 'apiserver.key'}",
+            f"--client-ca-file={d / 'ca.crt'}",
+            f"--service-account-key-file={d / 'sa.pub'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--api-audiences=https://kubernetes.default.svc.cluster.local",
+            "--authorization-mode=RBAC",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--kubelet-client-certificate={d / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={d / 'kubelet-client.key'}",
+            f"--kubelet-certificate-authority={d / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            "--allow-privileged=true",
+            # There is no kube-proxy: the "kubernetes" Service endpoints would only log errors.
+            "--endpoint-reconciler-type=none",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _start_apiserver(self) -> None:
+        p = self._spawn("kube-apiserver", self.apiserver_argv())
+        self._wait("kube-apiserver /readyz", p, lambda: self._get_ok("/readyz"), 60)
+
+    def restart_apiserver(self, pause: float = 0.0) -> None:
+        """Stop the API server and start it again (tests of watch resumption use this)."""
+        self.procs["kube-apiserver"].stop()
+        time.sleep(pause)
+        p = Process("kube-apiserver", self.apiserver_argv(), self.procs["kube-apiserver"].log)
+        p.start()
+        self.procs["kube-apiserver"] = p
+        self._wait("kube-apiserver /readyz", p, lambda: self._get_ok("/readyz"), 60)
+
+    def _get_ok(self, path: str) -> bool:
+        try:
+            with urllib.request.urlopen(
+                self.server + path, context=self.admin_ssl_context(), timeout=2
+            ) as r:
+                return r.status == 200
+        except urllib.error.URLError:
+            return False
+
+    def _start_controllers(self) -> None:
+        assert self.workdir is not None and self.binaries is not None
+        d = self.workdir / "pki"
+        kc = str(self.kubeconfig)
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.binaries.kube_controller_manager),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--leader-elect=false",
+                # nodelifecycle lifts the not-ready taint that admission puts on every new node,
+                # and taints nodes that stop heartbeating (a preemption test can use that).
+                "--controllers=garbagecollector,namespace,serviceaccount,serviceaccount-token,"
+                "root-ca-cert-publisher,nodelifecycle",
+                "--node-monitor-period=1s",
+                f"--service-account-private-key-file={d / 'sa.key'}",
+                f"--root-ca-file={d / 'ca.crt'}",
+                "--use-service-account-credentials=false",
+                "--concurrent-gc-syncs=5",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.binaries.kube_scheduler),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+        kwok_config = self.workdir / "kwok.yaml"
+        stages = sorted(self.binaries.kwok_stages.glob("*.yaml"))
+        kwok_config.write_text("\n---\n".join(s.read_text() for s in stages))
+        self._spawn(
+            "kwok",
+            [
+                str(self.binaries.kwok),
+                f"--kubeconfig={kc}",
+                f"--config={kwok_config}",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                "--node-ip=127.0.0.1",
+                f"--node-port={self.ports['kwok']}",
+                f"--server-address=127.0.0.1:{self.ports['kwok']}",
+                f"--tls-cert-file={d / 'kwok.crt'}",
+                f"--tls-private-key-file={d / 'kwok.key'}",
+                f"--cidr={POD_CIDR}",
+                "--enable-crds=Exec,ClusterExec,Logs,ClusterLogs",
+            ],
+            env={**os.environ, "HOME": str(self.workdir)},
+        )
+
+    def _install_crds(self) -> None:
+        assert self.binaries is not None
+        files: list[Path] = []
+        for d in (OUR_CRDS, self.binaries.training_operator_crds, self.binaries.kwok_crds):
+            files += sorted(d.glob("*.yaml"))
+        if not any(f.parent == OUR_CRDS for f in files):
+            raise ClusterError(f"no CRDs found in {OUR_CRDS}")
+        args: list[str] = ["apply", "--server-side", "--field-manager=kubeckpt-localcluster"]
+        for f in files:
+            args += ["-f", str(f)]
+        self.kubectl(*args)
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+
+    def _start_training_operator(self) -> None:
+        assert self.workdir is not None and self.binaries is not None
+        d = self.workdir / "pki"
+        ns = TRAINING_OPERATOR_NS
+        # The rotator finds a valid CA and certificate in its Secret and keeps them; the webhook
+        # server reads the same files from $TMPDIR/k8s-webhook-server/serving-certs.
+        tmp = self.workdir / "operator-tmp"
+        certdir = tmp / "k8s-webhook-server" / "serving-certs"
+        certdir.mkdir(parents=True)
+        shutil.copy(d / "operator-webhook.crt", certdir / "tls.crt")
+        shutil.copy(d / "operator-webhook.key", certdir / "tls.key")
+        TRAINING_OPERATOR_ROTATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
+        for name in ("tls.crt", "tls.key"):
+            target = TRAINING_OPERATOR_ROTATOR_CERT_DIR / name
+            if not target.exists():  # the rotator only checks that the file exists
+                shutil.copy(certdir / name, target)
+        import base64
+
+        def b64(p: Path) -> str:
+            return base64.b64encode(p.read_bytes()).decode()
+
+        url = f"https://127.0.0.1:{self.ports['operator_webhook']}"
+        webhooks = []
+        for kind in ("pytorchjob", "tfjob", "xgboostjob", "paddlejob", "mxjob"):
+            webhooks.append(
+                {
+                    "name": f"validator.{kind}.training-operator.kubeflow.org",
+                    "admissionReviewVersions": ["v1"],
+                    "clientConfig": {
+                        "url": f"{url}/validate-kubeflow-org-v1-{kind}",
+                        "caBundle": b64(d / "operator-ca.crt"),
+                    },
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "timeoutSeconds": 5,
+                    "rules": [
+                        {
+                            "apiGroups": ["kubeflow.org"],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE", "UPDATE"],
+                            "resources": [f"{kind}s"],
+                        }
+                    ],
+                }
+            )
+        self.apply(
+            [
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": "training-operator-webhook-cert", "namespace": ns},
+                    "data": {
+                        "ca.crt": b64(d / "operator-ca.crt"),
+                        "ca.key": b64(d / "operator-ca.key"),
+                        "tls.crt": b64(d / "operator-webhook.crt"),
+                        "tls.key": b64(d / "operator-webhook.key"),
+                    },
+                },
+                {
+                    "apiVersion": "admissionregistration.k8s.io/v1",
+                    "kind": "ValidatingWebhookConfiguration",
+                    "metadata": {"name": "validator.training-operator.kubeflow.org"},
+                    "webhooks": webhooks,
+                },
+            ]
+        )
+        self.ports["operator_probe"] = free_port()
+        self.ports["operator_metrics"] = free_port()
+        self._spawn(
+            "training-operator",
+            [
+                str(self.binaries.training_operator),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--webhook-server-port={self.ports['operator_webhook']}",
+                f"--health-probe-bind-address=127.0.0.1:{self.ports['operator_probe']}",
+                f"--metrics-bind-address=127.0.0.1:{self.ports['operator_metrics']}",
+                "--leader-elect=false",
+            ],
+            env={**os.environ, "TMPDIR": str(tmp), "MY_POD_NAMESPACE": ns},
+        )
+
+    def _create_nodes(self) -> None:
+        nodes = []
+        for i in range(self.nodes):
+            nodes.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": f"kwok-node-{i}",
+                        "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                        "labels": {
+                            "type": "kwok",
+                            "kubernetes.io/hostname": f"kwok-node-{i}",
+                            "kubernetes.io/os": "linux",
+                            "kubernetes.io/arch": "amd64",
+                        },
+                    },
+                    "spec": {},
+                }
+            )
+        self.apply(nodes)
+
+    def _wait_ready(self) -> None:
+        def nodes_ready() -> bool:
+            items = self.get_json("/api/v1/nodes")["items"]
+            ready = [
+                n
+                for n in items
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in n.get("status", {}).get("conditions", [])
+                )
+                and not n["spec"].get("taints")
+            ]
+            return len(ready) >= self.nodes
+
+        self._wait("KWOK nodes Ready and untainted", self.procs["kwok"], nodes_ready, 30)
+
+        def default_sa() -> bool:
+            self.get_json("/api/v1/namespaces/default/serviceaccounts/default")
+            return True
+
+        self._wait(
+            "the default ServiceAccount", self.procs["kube-controller-manager"], default_sa, 30
+        )
+        probe = f"http://127.0.0.1:{self.ports['operator_probe']}/readyz"
+
+        def operator_ready() -> bool:
+            with urllib.request.urlopen(probe, timeout=1) as r:
+                return r.status == 200
+
+        self._wait(
+            "training-operator readiness", self.procs["training-operator"], operator_ready, 60
+        )
+        for name in ("kube-scheduler",):
+            if not self.procs[name].alive():
+                raise ClusterError(f"{name} exited:\n{self.procs[name].tail()}")
+
+
+@contextlib.contextmanager
+def local_cluster(**kwargs: object) -> Iterator[LocalCluster]:
+    c = LocalCluster(**kwargs)  # type: ignore[arg-type]
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
