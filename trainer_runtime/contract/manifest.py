@@ -1,0 +1,422 @@
+"""The checkpoint manifest: `<CHECKPOINT_URI>/checkpoint-<step>/manifest.json`.
+
+A checkpoint is complete only when its manifest exists and the incomplete-sentinel is gone. The
+manifest lists every file with its size and SHA-256, so resume can verify a checkpoint before
+trusting it, whichever tier (local ramdisk or persistent storage) it comes from.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Final
+
+from .env import INCOMPLETE_SENTINEL, MANIFEST_FILE
+from .errors import ContractError, describe
+from .progress import MAX_COUNT, format_rfc3339, json_type, parse_rfc3339
+
+FORMAT_VERSION: Final = 1
+TIERS: Final = ("local", "persistent")
+HASH_CHUNK_BYTES: Final = 1024 * 1024
+MAX_MANIFEST_BYTES: Final = 16 * 1024 * 1024  # sharded checkpoints list thousands of files
+MAX_FRAMEWORK_LENGTH: Final = 64
+
+_MANIFEST_KEYS: Final = frozenset(
+    {"formatVersion", "step", "epoch", "time", "worldSize", "framework", "tier", "files"}
+)
+_FILE_KEYS: Final = frozenset({"path", "size", "sha256"})
+_HEX = frozenset("0123456789abcdef")
+# Files that are never part of the checkpoint's content: the manifest itself (it cannot hold its own
+# checksum), the sentinel, and the temp file a crashed write_manifest_atomic may have left behind.
+_ALWAYS_EXCLUDED: Final = (MANIFEST_FILE, INCOMPLETE_SENTINEL, f".{MANIFEST_FILE}.*.tmp")
+
+
+def _check_int(path: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ContractError(f"{path}: expected integer, got {json_type(value)}", field=path)
+    if not minimum <= value <= MAX_COUNT:
+        raise ContractError(
+            f"{path}: must be between {minimum} and {MAX_COUNT}, got {describe(value)}", field=path
+        )
+    return value
+
+
+def _check_str(path: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ContractError(f"{path}: expected string, got {json_type(value)}", field=path)
+    return value
+
+
+def check_relative_path(path: object, where: str = "path") -> str:
+    """Raise ContractError unless `path` is a clean relative POSIX path inside the checkpoint.
+
+    Rejects absolute paths, '..', '.', empty segments and backslashes, so a manifest can never
+    make verify() or a tier copy reach outside the checkpoint directory.
+    """
+    path = _check_str(where, path)
+    bad = (
+        not path
+        or path.startswith("/")
+        or "\\" in path
+        or "\x00" in path
+        or any(part in ("", ".", "..") for part in path.split("/"))
+    )
+    if bad:
+        raise ContractError(
+            f"{where}: must be a relative POSIX path inside the checkpoint, got {describe(path)}",
+            field=where,
+        )
+    if path in (MANIFEST_FILE, INCOMPLETE_SENTINEL):
+        raise ContractError(f"{where}: {path} cannot be listed in the manifest", field=where)
+    return path
+
+
+def _check_file_fields(
+    where: str, path: object, size: object, sha256: object, extra: object
+) -> None:
+    check_relative_path(path, f"{where}.path")
+    _check_int(f"{where}.size", size, 0)
+    digest = _check_str(f"{where}.sha256", sha256)
+    if len(digest) != 64 or not set(digest) <= _HEX:
+        raise ContractError(
+            f"{where}.sha256: expected 64 lowercase hex digits, got {describe(digest)}",
+            field=f"{where}.sha256",
+        )
+    if not isinstance(extra, dict) or any(k in _FILE_KEYS for k in extra):
+        raise ContractError(f"{where}: extra must be a dict without known keys", field=where)
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """One file of a checkpoint: relative POSIX path, size in bytes, lowercase hex SHA-256."""
+
+    path: str
+    size: int
+    sha256: str
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        _check_file_fields("file", self.path, self.size, self.sha256, self.extra)
+
+    @classmethod
+    def from_dict(cls, data: object, where: str = "file") -> ManifestFile:
+        """Validate one decoded `files[]` entry; `where` (e.g. "files[3]") prefixes messages."""
+        if not isinstance(data, dict):
+            raise ContractError(f"{where}: expected object, got {json_type(data)}", field=where)
+        for key in ("path", "size", "sha256"):
+            if key not in data:
+                raise ContractError(
+                    f"{where}.{key}: required field is missing", field=f"{where}.{key}"
+                )
+        extra = {k: v for k, v in data.items() if k not in _FILE_KEYS}
+        _check_file_fields(where, data["path"], data["size"], data["sha256"], extra)
+        return cls(path=data["path"], size=data["size"], sha256=data["sha256"], extra=extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "sha256": self.sha256, **self.extra}
+
+
+@dataclass
+class Manifest:
+    """What `manifest.json` holds. `time` is RFC 3339; `tier` is "local" or "persistent"."""
+
+    step: int
+    epoch: int
+    time: str
+    world_size: int
+    framework: str
+    tier: str
+    files: list[ManifestFile] = field(default_factory=list)
+    format_version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        v = _check_int("formatVersion", self.format_version, 1)
+        if v != FORMAT_VERSION:
+            # A newer layout may mean something this reader cannot check: refuse, don't guess.
+            raise ContractError(
+                f"formatVersion: unsupported version {v}, this reader knows {FORMAT_VERSION}",
+                field="formatVersion",
+            )
+        _check_int("step", self.step, 0)
+        _check_int("epoch", self.epoch, 0)
+        try:
+            parse_rfc3339(_check_str("time", self.time))
+        except ContractError:
+            raise ContractError(
+                f"time: expected an RFC 3339 timestamp, got {describe(self.time)}", field="time"
+            ) from None
+        _check_int("worldSize", self.world_size, 1)
+        fw = _check_str("framework", self.framework)
+        if not fw or len(fw) > MAX_FRAMEWORK_LENGTH or not fw.isprintable():
+            raise ContractError(
+                f"framework: expected a short name, got {describe(fw)}", field="framework"
+            )
+        if self.tier not in TIERS:
+            raise ContractError(
+                f"tier: must be one of {', '.join(TIERS)}, got {describe(self.tier)}", field="tier"
+            )
+        if not isinstance(self.files, list):
+            raise ContractError(
+                f"files: expected array, got {json_type(self.files)}", field="files"
+            )
+        seen: set[str] = set()
+        for i, entry in enumerate(self.files):
+            if not isinstance(entry, ManifestFile):
+                raise ContractError(f"files[{i}]: expected ManifestFile", field=f"files[{i}]")
+            if entry.path in seen:
+                raise ContractError(
+                    f"files[{i}].path: duplicate path {describe(entry.path)}",
+                    field=f"files[{i}].path",
+                )
+            seen.add(entry.path)
+        if not isinstance(self.extra, dict) or any(k in _MANIFEST_KEYS for k in self.extra):
+            raise ContractError("extra: must be a dict without known keys", field="extra")
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "formatVersion": self.format_version,
+            "step": self.step,
+            "epoch": self.epoch,
+            "time": self.time,
+            "worldSize": self.world_size,
+            "framework": self.framework,
+            "tier": self.tier,
+            "files": [f.to_dict() for f in self.files],
+            **self.extra,
+        }
+
+    def to_json(self) -> str:
+        self.validate()
+        return json.dumps(self.to_dict(), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: object) -> Manifest:
+        if not isinstance(data, dict):
+            raise ContractError(f"manifest must be a JSON object, got {json_type(data)}")
+        for key in ("formatVersion", "step", "epoch", "time", "worldSize", "framework", "tier"):
+            if key not in data:
+                raise ContractError(f"{key}: required field is missing", field=key)
+        files_raw = data.get("files", [])
+        if not isinstance(files_raw, list):
+            raise ContractError(f"files: expected array, got {json_type(files_raw)}", field="files")
+        files = [ManifestFile.from_dict(item, f"files[{i}]") for i, item in enumerate(files_raw)]
+        return cls(
+            step=data["step"],
+            epoch=data["epoch"],
+            time=data["time"],
+            world_size=data["worldSize"],
+            framework=data["framework"],
+            tier=data["tier"],
+            files=files,
+            format_version=data["formatVersion"],
+            extra={k: v for k, v in data.items() if k not in _MANIFEST_KEYS},
+        )
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> Manifest:
+        size = len(data.encode("utf-8", "surrogatepass")) if isinstance(data, str) else len(data)
+        if size > MAX_MANIFEST_BYTES:
+            raise ContractError(f"manifest is {size} bytes, over the limit of {MAX_MANIFEST_BYTES}")
+        try:
+            text = data if isinstance(data, str) else bytes(data).decode("utf-8")
+            obj = json.loads(text, parse_constant=_reject_constant)
+        except UnicodeDecodeError as e:
+            raise ContractError(f"manifest is not valid UTF-8: {e}") from None
+        except RecursionError:
+            raise ContractError("manifest is not valid JSON: nested too deeply") from None
+        except ContractError:
+            raise
+        except ValueError as e:  # JSONDecodeError is a ValueError
+            raise ContractError(f"manifest is not valid JSON: {e}") from None
+        return cls.from_dict(obj)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ContractError(f"manifest is not valid JSON: {name} is not allowed")
+
+
+def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """(size, sha256 hex) of a file, read in 1 MiB chunks into one reused buffer."""
+    digest = hashlib.sha256()
+    buf = bytearray(HASH_CHUNK_BYTES)
+    view = memoryview(buf)
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+            size += n
+    return size, digest.hexdigest()
+
+
+def _excluded(rel: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(rel, p) for p in patterns)
+
+
+def build_manifest(
+    directory: str | os.PathLike[str],
+    *,
+    step: int,
+    epoch: int,
+    world_size: int,
+    framework: str,
+    tier: str,
+    exclude: Iterable[str] = (),
+    time: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Manifest:
+    """Walk `directory` and describe every regular file in it (sorted by path).
+
+    `manifest.json` and the sentinel are always left out; `exclude` adds fnmatch patterns matched
+    against the relative POSIX path. Symlinks and special files raise ContractError: a checkpoint
+    must be self-contained so it survives a copy between tiers. `time` defaults to now (UTC).
+    """
+    root = Path(directory)
+    patterns = (*_ALWAYS_EXCLUDED, *exclude)
+    files: list[ManifestFile] = []
+    # onerror re-raises: a directory we cannot read must fail the manifest, not shrink it.
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_raise, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(Path(dirpath, d))]):
+            full = Path(dirpath, name)
+            rel = full.relative_to(root).as_posix()
+            if _excluded(rel, patterns):
+                continue
+            mode = os.lstat(full).st_mode
+            if not stat.S_ISREG(mode):
+                raise ContractError(
+                    f"{rel}: not a regular file (symlink or special file)", field=rel
+                )
+            size, digest = hash_file(full)
+            files.append(ManifestFile(path=rel, size=size, sha256=digest))
+    files.sort(key=lambda f: f.path)
+    return Manifest(
+        step=step,
+        epoch=epoch,
+        time=time if time is not None else format_rfc3339(),
+        world_size=world_size,
+        framework=framework,
+        tier=tier,
+        files=files,
+        extra=dict(extra or {}),
+    )
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def verify(
+    directory: str | os.PathLike[str], manifest: Manifest, *, checksums: bool = True
+) -> list[str]:
+    """The problems found checking `directory` against `manifest`; empty when it matches.
+
+    Each problem is one line naming the file: missing, not a regular file, outside the directory
+    (through a symlinked parent), size mismatch, or checksum mismatch (only with `checksums`,
+    and only when the size matched, since then the content is already known to differ).
+    """
+    root = Path(directory)
+    real_root = os.path.realpath(root)
+    problems: list[str] = []
+    for entry in manifest.files:
+        full = root.joinpath(*PurePosixPath(entry.path).parts)
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:
+            problems.append(f"missing file: {entry.path}")
+            continue
+        except OSError as e:
+            problems.append(f"unreadable file: {entry.path}: {e.strerror}")
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            problems.append(f"not a regular file: {entry.path}")
+            continue
+        if os.path.commonpath([real_root, os.path.realpath(full)]) != real_root:
+            problems.append(f"outside the checkpoint directory: {entry.path}")
+            continue
+        if st.st_size != entry.size:
+            problems.append(
+                f"size mismatch: {entry.path}: expected {entry.size} bytes, found {st.st_size}"
+            )
+            continue
+        if checksums:
+            try:
+                size, digest = hash_file(full)
+            except OSError as e:
+                problems.append(f"unreadable file: {entry.path}: {e.strerror}")
+                continue
+            if size != entry.size:  # changed while we read it
+                problems.append(
+                    f"size mismatch: {entry.path}: expected {entry.size} bytes, found {size}"
+                )
+            elif digest != entry.sha256:
+                problems.append(
+                    f"checksum mismatch: {entry.path}: expected sha256 {entry.sha256}, got {digest}"
+                )
+    return problems
+
+
+def _fsync_dir(directory: str | os.PathLike[str]) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest_atomic(directory: str | os.PathLike[str], manifest: Manifest) -> Path:
+    """Write `directory/manifest.json` so readers see the old state or the whole new file.
+
+    Temp file in the same directory, fsync, rename over, fsync the directory (so the rename
+    itself survives a node crash). Returns the manifest's path.
+    """
+    data = manifest.to_json().encode("utf-8")
+    target = Path(directory, MANIFEST_FILE)
+    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST_FILE}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; other containers may read it
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(directory)
+    return target
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
+    """Load `directory/manifest.json` (ContractError when invalid; OSError when unreadable)."""
+    path = Path(directory, MANIFEST_FILE)
+    with open(path, "rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    return Manifest.from_json(data)
+
+
+def is_complete(directory: str | os.PathLike[str]) -> bool:
+    """DESIGN.md's completeness rule: the manifest exists and the sentinel is gone.
+
+    Says nothing about the content; call verify() before trusting the files.
+    """
+    return Path(directory, MANIFEST_FILE).is_file() and not os.path.lexists(
+        Path(directory, INCOMPLETE_SENTINEL)
+    )
