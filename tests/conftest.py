@@ -1,0 +1,47 @@
+"""Session fixtures. The local control plane starts once, on first use, and stops at session end.
+
+Tests that need it take the `cluster` fixture (and are marked `cluster`); unit tests never start it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from localcluster import LocalCluster, MissingBinaries, ensure_binaries
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    try:
+        binaries = ensure_binaries(build=os.environ.get("KUBECKPT_NO_BUILD") != "1")
+    except MissingBinaries as e:
+        pytest.fail(
+            f"{e}\nBuild them with `make binaries` (hack/build-binaries.sh).", pytrace=False
+        )
+    c = LocalCluster(nodes=3, binaries=binaries)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards (without waiting for it to go)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
