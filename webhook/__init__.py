@@ -1,0 +1,1 @@
+"""kubeckpt admission webhook: injects checkpoint and progress settings into training pods."""

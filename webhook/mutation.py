@@ -1,0 +1,396 @@
+"""Pod mutation: a pure function of (pod, policy, namespace, the job's last TrainingProgress).
+
+It returns the patched pod and the RFC 6902 JSONPatch that produces it. The patch is built op by
+op (arrays that are absent are added whole, arrays that exist are appended to with `/-`), then
+applied with `jsonpatch` so the patched pod is by construction what the API server will store.
+Nothing the user set is overwritten; what we did not add is listed in the status annotation.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+
+from trainer_runtime import __version__
+from trainer_runtime.contract import (
+    CHECKPOINT_CONTROL_DIR,
+    CHECKPOINT_ENABLED,
+    CHECKPOINT_INTERVAL,
+    CHECKPOINT_JIT,
+    CHECKPOINT_LOCAL_DIR,
+    CHECKPOINT_LOCAL_PERIOD,
+    CHECKPOINT_MAX_CHECKPOINTS,
+    CHECKPOINT_RESUME,
+    CHECKPOINT_SAVE_STEPS,
+    CHECKPOINT_STRATEGY,
+    CHECKPOINT_URI,
+    DONE_FILE,
+    FAILED_FILE,
+    KUBECKPT_JOB_KIND,
+    KUBECKPT_JOB_NAME,
+    KUBECKPT_NAMESPACE,
+    PROGRESS_UPDATE_FREQUENCY,
+    REQUEST_FILE,
+    RUN_DIR,
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
+    TRAINING_PROGRESS_FILE,
+)
+
+from .policy import (
+    MIN_GRACE_SECONDS,
+    Policy,
+    apply_overrides,
+    local_size_limit,
+    policy_from_object,
+)
+
+# Labels and annotations (DESIGN.md "Pods").
+INJECT_LABEL = "kubeckpt.io/inject"
+INJECTED_LABEL = "kubeckpt.io/injected"
+STATUS_ANNOTATION = "kubeckpt.io/status"
+NAMESPACE_OPT_IN = "enabled"
+PYTORCHJOB_NAME_LABEL = "training.kubeflow.org/job-name"
+PYTORCHJOB_OPERATOR_LABEL = "training.kubeflow.org/operator-name"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
+RUN_VOLUME = "kubeckpt-run"
+STORAGE_VOLUME = "kubeckpt-storage"
+LOCAL_VOLUME = "kubeckpt-local"
+LOCAL_DIR = f"{RUN_DIR}/local"
+PROGRESS_PATH = f"{RUN_DIR}/progress.json"
+AWS_SECRET_KEYS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
+# Grace: one step plus one save, with 50 % and 10 s of headroom for the preStop round trip.
+GRACE_FACTOR = 1.5
+GRACE_HEADROOM_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    kind: str  # PyTorchJob or TrainJob
+    name: str
+    target_container: str  # preferred container name
+
+
+@dataclass
+class MutationResult:
+    pod: dict[str, Any]
+    patch: list[dict[str, Any]]
+    reason: str  # why injected or not, for logs and metrics
+    warnings: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    injected: bool = False
+
+
+def job_identity(labels: Mapping[str, str]) -> JobIdentity | None:
+    """Which training job a pod belongs to, from the labels its operator sets."""
+    name = labels.get(PYTORCHJOB_NAME_LABEL)
+    if name and labels.get(PYTORCHJOB_OPERATOR_LABEL, "pytorchjob-controller") == (
+        "pytorchjob-controller"
+    ):
+        return JobIdentity("PyTorchJob", name, "pytorch")
+    name = labels.get(JOBSET_NAME_LABEL)
+    if name:
+        return JobIdentity("TrainJob", name, "node")
+    return None
+
+
+def opted_in(pod_labels: Mapping[str, str], namespace: Mapping[str, Any] | None) -> bool:
+    """The pod label wins either way; else the namespace label decides."""
+    choice = pod_labels.get(INJECT_LABEL)
+    if choice is not None:
+        return choice.strip().lower() == "true"
+    ns_labels = ((namespace or {}).get("metadata") or {}).get("labels") or {}
+    return ns_labels.get(INJECT_LABEL) == NAMESPACE_OPT_IN
+
+
+def grace_seconds(policy: Policy, progress: Mapping[str, Any] | None) -> int:
+    """Enough for one step and one save when the job measured them, else the policy's bound."""
+    status = (progress or {}).get("status") or {}
+    step = _float(status.get("stepSeconds"))
+    save = _float((status.get("checkpointing") or {}).get("lastSaveSeconds"))
+    if save is None:
+        return policy.max_grace_seconds
+    need = math.ceil((save + (step or 0.0)) * GRACE_FACTOR + GRACE_HEADROOM_SECONDS)
+    return max(MIN_GRACE_SECONDS, min(need, policy.max_grace_seconds))
+
+
+def shutdown_margin(grace: int) -> int:
+    """Seconds kept back from the grace period for the process to exit after the save."""
+    return max(2, min(10, grace // 6))
+
+
+def _float(value: object) -> float | None:
+    try:
+        f = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) and f >= 0 else None
+
+
+def _esc(token: str) -> str:
+    """RFC 6901 escaping of one JSON-pointer token."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def prestop_command(wait_seconds: int) -> list[str]:
+    """The preStop hook: ask the runtime for a checkpoint and wait for its answer, bounded.
+
+    Uses the runtime's `kubeckpt-prestop` when the image has it, else plain sh, so images that
+    never installed kubeckpt still get the request written (the zero-code runtime answers it).
+    """
+    d = RUN_DIR
+    script = (
+        f"if command -v kubeckpt-prestop >/dev/null 2>&1; then "
+        f"exec kubeckpt-prestop --timeout {wait_seconds}; fi; "
+        f'rm -f "{d}/{DONE_FILE}" "{d}/{FAILED_FILE}"; '
+        f'date +%s > "{d}/{REQUEST_FILE}"; i=0; '
+        f"while [ $i -lt {wait_seconds} ]; do "
+        f'if [ -e "{d}/{DONE_FILE}" ] || [ -e "{d}/{FAILED_FILE}" ]; then exit 0; fi; '
+        f"sleep 1; i=$((i+1)); done; exit 0"
+    )
+    return ["/bin/sh", "-c", script]
+
+
+def storage_plan(
+    policy: Policy, namespace: str, job: str
+) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]:
+    """(CHECKPOINT_URI, volume, mount, extra env) for the policy's storage URI."""
+    uri = policy.storage_uri
+    per_job = f"{namespace}/{job}"
+    if uri.startswith("pvc://"):
+        claim, _, path = uri[len("pvc://") :].partition("/")
+        sub = "/".join(p for p in (path.strip("/"), per_job) if p)
+        mount_path = f"{policy.mount_path.rstrip('/')}/{per_job}"
+        volume = {"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
+        # subPath per namespace/job: a job sees only its own checkpoints.
+        mount = {"name": STORAGE_VOLUME, "mountPath": mount_path, "subPath": sub}
+        return mount_path, volume, mount, []
+    if uri.startswith("s3://"):
+        env = []
+        if policy.secret_name:
+            # References only: the Secret's values never pass through the webhook.
+            env = [
+                {
+                    "name": key,
+                    "valueFrom": {
+                        "secretKeyRef": {"name": policy.secret_name, "key": key, "optional": True}
+                    },
+                }
+                for key in AWS_SECRET_KEYS
+            ]
+        return f"{uri.rstrip('/')}/{per_job}", None, None, env
+    if uri.startswith("file://"):
+        return f"{uri[len('file://') :].rstrip('/')}/{per_job}", None, None, []
+    raise ValueError(f"unsupported storage URI {uri!r}")
+
+
+def _nodes(container: Mapping[str, Any]) -> int:
+    """How many nodes (pods) the job spans, from the env its operator set (PET_NNODES)."""
+    for e in container.get("env") or []:
+        if e.get("name") in ("PET_NNODES", "KUBECKPT_NODES") and "value" in e:
+            try:
+                return max(1, int(str(e["value"]).split(":")[-1]))
+            except ValueError:
+                pass
+    return 1
+
+
+def mutate(
+    pod: Mapping[str, Any],
+    policy_obj: Mapping[str, Any] | None,
+    namespace: Mapping[str, Any] | None,
+    progress: Mapping[str, Any] | None = None,
+    *,
+    namespace_name: str | None = None,
+) -> MutationResult:
+    """Decide and build the mutation for one pod. Never raises on odd pods: skips them."""
+    original = copy.deepcopy(dict(pod))
+    meta = original.get("metadata") or {}
+    labels: dict[str, str] = meta.get("labels") or {}
+    annotations: dict[str, str] = meta.get("annotations") or {}
+    ns = (
+        namespace_name
+        or meta.get("namespace")
+        or ((namespace or {}).get("metadata") or {}).get("name", "")
+    )
+
+    def unchanged(reason: str, warnings: list[str] | None = None) -> MutationResult:
+        return MutationResult(original, [], reason, warnings or [])
+
+    job = job_identity(labels)
+    if job is None:
+        return unchanged("not a training pod")
+    if not opted_in(labels, namespace):
+        return unchanged("not opted in")
+    if labels.get(INJECTED_LABEL) == "true" or STATUS_ANNOTATION in annotations:
+        return unchanged("already injected")
+    if policy_obj is None:
+        return unchanged("no matching CheckpointPolicy")
+    try:
+        base = policy_from_object(policy_obj)
+    except ValueError as e:
+        return unchanged("unusable CheckpointPolicy", [f"kubeckpt: policy ignored: {e}"])
+    policy, warnings = apply_overrides(base, annotations)
+    spec = original.get("spec") or {}
+    containers = spec.get("containers") or []
+    if not containers:
+        return unchanged("pod has no containers")
+    index = next((i for i, c in enumerate(containers) if c.get("name") == job.target_container), 0)
+    container = containers[index]
+    try:
+        uri, storage_volume, storage_mount, secret_env = storage_plan(policy, ns, job.name)
+    except ValueError as e:
+        return unchanged("unusable storage", [f"kubeckpt: {e}"])
+
+    ops: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    cpath = f"/spec/containers/{index}"
+
+    # --- env -----------------------------------------------------------------------------------
+    env: list[dict[str, Any]] = [
+        {"name": TRAINING_PROGRESS_FILE, "value": PROGRESS_PATH},
+        {"name": CHECKPOINT_ENABLED, "value": "true"},
+        {"name": CHECKPOINT_URI, "value": uri},
+        {"name": CHECKPOINT_INTERVAL, "value": str(policy.interval_seconds)},
+        {"name": CHECKPOINT_STRATEGY, "value": policy.strategy},
+        {"name": CHECKPOINT_MAX_CHECKPOINTS, "value": str(policy.max_checkpoints)},
+        {"name": CHECKPOINT_RESUME, "value": _b(policy.resume)},
+        {"name": CHECKPOINT_JIT, "value": _b(policy.jit)},
+        {"name": CHECKPOINT_CONTROL_DIR, "value": RUN_DIR},
+        {"name": PROGRESS_UPDATE_FREQUENCY, "value": str(policy.progress_every_steps)},
+        {"name": KUBECKPT_JOB_KIND, "value": job.kind},
+        {"name": KUBECKPT_JOB_NAME, "value": job.name},
+        {
+            "name": KUBECKPT_NAMESPACE,
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}},
+        },
+    ]
+    if policy.strategy == "steps" and policy.save_steps:
+        env.append({"name": CHECKPOINT_SAVE_STEPS, "value": str(policy.save_steps)})
+    if policy.local_enabled:
+        env.append({"name": CHECKPOINT_LOCAL_DIR, "value": LOCAL_DIR})
+        env.append({"name": CHECKPOINT_LOCAL_PERIOD, "value": str(policy.local_period_steps)})
+    grace = grace_seconds(policy, progress) if policy.jit else None
+    if grace is not None:
+        current = spec.get("terminationGracePeriodSeconds")
+        effective = max(grace, current or 0)
+        env.append(
+            {
+                "name": TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
+                "value": str(effective - shutdown_margin(effective)),
+            }
+        )
+    env += secret_env
+    have_env = {e.get("name") for e in container.get("env") or []}
+    new_env = []
+    for e in env:
+        if e["name"] in have_env:
+            skipped.append(f"env/{e['name']}")
+        else:
+            new_env.append(e)
+    ops += _append(f"{cpath}/env", container.get("env"), new_env)
+
+    # --- volumes and mounts --------------------------------------------------------------------
+    volumes: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"name": RUN_VOLUME, "emptyDir": {}}, {"name": RUN_VOLUME, "mountPath": RUN_DIR})
+    ]
+    if storage_volume is not None and storage_mount is not None:
+        volumes.append((storage_volume, storage_mount))
+    if policy.local_enabled:
+        size = local_size_limit(policy, _nodes(container))
+        volumes.append(
+            (
+                {"name": LOCAL_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": size}},
+                {"name": LOCAL_VOLUME, "mountPath": LOCAL_DIR},
+            )
+        )
+    have_volumes = {v.get("name") for v in spec.get("volumes") or []}
+    have_paths = {m.get("mountPath", "").rstrip("/") for m in container.get("volumeMounts") or []}
+    have_mount_names = {m.get("name") for m in container.get("volumeMounts") or []}
+    new_volumes, new_mounts = [], []
+    for volume, mount in volumes:
+        if volume["name"] in have_volumes:
+            # A volume of that name is the user's: mounting it under our path could expose it.
+            skipped.append(f"volume/{volume['name']}")
+            continue
+        new_volumes.append(volume)
+        if mount["mountPath"].rstrip("/") in have_paths or mount["name"] in have_mount_names:
+            skipped.append(f"volumeMount/{mount['mountPath']}")
+        else:
+            new_mounts.append(mount)
+    ops += _append("/spec/volumes", spec.get("volumes"), new_volumes)
+    ops += _append(f"{cpath}/volumeMounts", container.get("volumeMounts"), new_mounts)
+
+    # --- preStop and grace period --------------------------------------------------------------
+    if grace is not None:
+        lifecycle = container.get("lifecycle")
+        effective = max(grace, spec.get("terminationGracePeriodSeconds") or 0)
+        hook = {"exec": {"command": prestop_command(effective - shutdown_margin(effective))}}
+        if lifecycle and lifecycle.get("preStop"):
+            skipped.append("lifecycle/preStop")
+        elif lifecycle is None:
+            ops.append({"op": "add", "path": f"{cpath}/lifecycle", "value": {"preStop": hook}})
+        else:
+            ops.append({"op": "add", "path": f"{cpath}/lifecycle/preStop", "value": hook})
+        current = spec.get("terminationGracePeriodSeconds")
+        if current is not None and current >= grace:
+            if current > grace:
+                skipped.append("terminationGracePeriodSeconds")
+        else:
+            op = "add" if current is None else "replace"
+            ops.append({"op": op, "path": "/spec/terminationGracePeriodSeconds", "value": grace})
+
+    # --- marker ----------------------------------------------------------------------------------
+    status = {
+        "policy": policy.name,
+        "container": container.get("name", ""),
+        "version": __version__,
+    }
+    if skipped:
+        status["skipped"] = skipped  # type: ignore[assignment]
+    if grace is not None:
+        status["gracePeriodSeconds"] = max(grace, spec.get("terminationGracePeriodSeconds") or 0)  # type: ignore[assignment]
+    ops += _put_map("/metadata/labels", meta.get("labels"), INJECTED_LABEL, "true")
+    ops += _put_map(
+        "/metadata/annotations",
+        meta.get("annotations"),
+        STATUS_ANNOTATION,
+        json.dumps(status, separators=(",", ":"), sort_keys=True),
+    )
+    patched = jsonpatch.apply_patch(original, ops)
+    return MutationResult(
+        patched, ops, "injected", warnings=warnings, skipped=skipped, injected=True
+    )
+
+
+def _b(v: bool) -> str:
+    return "true" if v else "false"
+
+
+def _append(path: str, current: list | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add the array when absent, else append item by item."""
+    if not items:
+        return []
+    if current is None:
+        return [{"op": "add", "path": path, "value": items}]
+    return [{"op": "add", "path": f"{path}/-", "value": item} for item in items]
+
+
+def _put_map(path: str, current: dict | None, key: str, value: str) -> list[dict[str, Any]]:
+    if current is None:
+        return [{"op": "add", "path": path, "value": {key: value}}]
+    return [{"op": "add", "path": f"{path}/{_esc(key)}", "value": value}]

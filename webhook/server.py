@@ -1,0 +1,157 @@
+"""The admission HTTP server: POST /mutate, /healthz, /readyz, /metrics (aiohttp, TLS 1.2+).
+
+Failure rules: a body that is not a usable AdmissionReview gets 400 with the reason, one over
+4 MiB gets 413, and anything that goes wrong inside the mutation allows the pod unchanged with a
+warning (the same outcome as the configuration's failurePolicy: Ignore). Nothing answers 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .admission import BadReview, is_pod_create, parse_review, review_response
+from .mutation import MutationResult, job_identity, mutate
+from .policy import select_policy
+from .view import ClusterView
+
+log = logging.getLogger("kubeckpt.webhook")
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "kubeckpt_webhook_requests", "Admission requests by result", ["result"], registry=r
+        )
+        self.latency = Histogram(
+            "kubeckpt_webhook_request_duration_seconds",
+            "Time to answer an admission request",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
+        self.patches = Counter(
+            "kubeckpt_webhook_patches_applied", "Pods that received a patch", registry=r
+        )
+        self.skipped = Counter(
+            "kubeckpt_webhook_skipped_fields",
+            "Fields not injected because the user had set them",
+            ["field"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "kubeckpt_webhook_errors", "Requests answered unchanged after an error", registry=r
+        )
+
+
+def decide(view: ClusterView, request: dict[str, Any]) -> MutationResult:
+    """Look up the pod's namespace, policy and job progress in the caches, then mutate."""
+    pod = request["object"]
+    ns_name = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    policy, warnings = select_policy(view.policies(ns_name), labels)
+    job = job_identity(labels)
+    progress = view.progress(ns_name, job.name) if job else None
+    result = mutate(pod, policy, view.namespace(ns_name), progress, namespace_name=ns_name)
+    if result.injected:
+        result.warnings[:0] = warnings
+    return result
+
+
+def make_app(
+    view: ClusterView,
+    *,
+    metrics: Metrics | None = None,
+    has_certificate: Callable[[], bool] = lambda: True,
+) -> web.Application:
+    m = metrics or Metrics()
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+
+    async def mutate_handler(request: web.Request) -> web.Response:
+        start = time.perf_counter()
+        result_label = "error"
+        try:
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                result_label = "too_large"
+                return web.json_response(
+                    {"error": f"request body over {MAX_BODY_BYTES} bytes"}, status=413
+                )
+            try:
+                req = parse_review(body)
+            except BadReview as e:
+                result_label = "bad_request"
+                return web.json_response({"error": str(e)}, status=400)
+            uid = req["uid"]
+            if not is_pod_create(req):
+                result_label = "not_a_pod"
+                return web.json_response(review_response(uid))
+            try:
+                result = decide(view, req)
+            except Exception:
+                log.exception("mutation failed for %s; pod allowed unchanged", uid)
+                m.errors.inc()
+                return web.json_response(
+                    review_response(uid, warnings=["kubeckpt: internal error, pod not injected"])
+                )
+            if result.injected:
+                result_label = "injected"
+                m.patches.inc()
+                for f in result.skipped:
+                    m.skipped.labels(f.split("/", 1)[0]).inc()
+            else:
+                result_label = "skipped"
+            log.debug("%s: %s", uid, result.reason)
+            return web.json_response(review_response(uid, result.patch, result.warnings))
+        finally:
+            m.requests.labels(result_label).inc()
+            m.latency.observe(time.perf_counter() - start)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if not view.synced():
+            return web.Response(status=503, text="caches not synced")
+        if not has_certificate():
+            return web.Response(status=503, text="no serving certificate")
+        return web.Response(text="ok")
+
+    async def metrics_handler(_: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(m.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    app.router.add_post("/mutate", mutate_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_handler)
+    return app
+
+
+def server_ssl_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    """TLS 1.2+ server context (the certificate manager reloads chains into the same context)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(certfile, keyfile)
+    return ctx
+
+
+async def serve(
+    app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None
+) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, backlog=1024)
+    await site.start()
+    return runner
