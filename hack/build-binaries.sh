@@ -263,4 +263,6 @@ EOF
   echo "$envfile"
 }
 
-main "$@"
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  main "$@"
+fi
