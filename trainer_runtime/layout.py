@@ -1,0 +1,163 @@
+"""The checkpoint protocol on a local or mounted filesystem (stdlib only).
+
+`<root>/checkpoint-<step>/` is written in this order, each step durable before the next:
+
+1. the directory, holding only the sentinel `checkpoint-is-incomplete.txt` (fsynced with both
+   directories), so even an empty leftover is recognisably incomplete;
+2. the data files, each fsynced by its writer;
+3. `manifest.json` (sizes and SHA-256 of every file), written atomically: temp, fsync, rename,
+   fsync the directory;
+4. the sentinel removed, and the directory fsynced.
+
+A checkpoint is complete only when the manifest exists and the sentinel is gone (DESIGN.md). A crash
+before 3 leaves no manifest; a crash between 3 and 4 leaves the sentinel: both read as incomplete,
+and resume deletes them. A complete one has every byte the manifest describes on disk, and resume
+checks sizes (and checksums) before trusting it. Deletion (retention, cleanup) first renames the
+directory to a hidden trash name, so a crash half-way never leaves a "complete" one with files
+missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .contract import (
+    INCOMPLETE_SENTINEL,
+    Manifest,
+    checkpoint_dir_name,
+    is_complete,
+    parse_checkpoint_dir_name,
+    read_manifest,
+    verify,
+    write_manifest_atomic,
+)
+from .fsutil import fsync_dir, remove_tree, sweep_trash
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One `checkpoint-<step>` directory found in a tier."""
+
+    step: int
+    complete: bool
+
+
+def scan(root: str | os.PathLike[str]) -> list[Entry]:
+    """Every checkpoint directory under `root`, oldest step first."""
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        step = parse_checkpoint_dir_name(entry.name)
+        if step is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        found.append(Entry(step=step, complete=is_complete(entry.path)))
+    found.sort(key=lambda e: e.step)
+    return found
+
+
+def begin(root: str | os.PathLike[str], step: int) -> Path:
+    """Create `checkpoint-<step>/` holding only the sentinel (a stale one is replaced)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / checkpoint_dir_name(step)
+    if path.exists():
+        # Left by a crash, or a save at this step that failed: never write into old files.
+        remove_tree(path)
+    path.mkdir()
+    sentinel = path / INCOMPLETE_SENTINEL
+    fd = os.open(sentinel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, f"being written by pid {os.getpid()}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(path)
+    fsync_dir(root)
+    return path
+
+
+def finalize(path: str | os.PathLike[str], manifest: Manifest) -> None:
+    """Steps 3 and 4: the manifest, then the sentinel goes. Data must already be fsynced."""
+    path = Path(path)
+    write_manifest_atomic(path, manifest)
+    (path / INCOMPLETE_SENTINEL).unlink(missing_ok=True)
+    fsync_dir(path)
+
+
+def remove_incomplete(root: str | os.PathLike[str]) -> list[int]:
+    """Delete incomplete checkpoints (and interrupted deletions); the steps removed."""
+    sweep_trash(root)
+    removed = []
+    for entry in scan(root):
+        if not entry.complete:
+            remove_tree(Path(root, checkpoint_dir_name(entry.step)))
+            removed.append(entry.step)
+    if removed:
+        log.info("kubeckpt: removed incomplete checkpoints %s in %s", removed, root)
+    return removed
+
+
+def retain(root: str | os.PathLike[str], keep: int) -> list[int]:
+    """Keep the `keep` newest complete checkpoints (at least the newest); the steps deleted.
+
+    Incomplete directories are left alone here: one may be a save still in progress.
+    """
+    complete = [e.step for e in scan(root) if e.complete]
+    doomed = complete[: max(0, len(complete) - max(1, keep))]
+    for step in doomed:
+        remove_tree(Path(root, checkpoint_dir_name(step)))
+    return doomed
+
+
+def verify_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    checksums: bool | Callable[[int], bool],
+    threads: int = 2,
+) -> tuple[Manifest | None, list[str]]:
+    """Read and check a checkpoint's manifest against its files: sizes always, SHA-256 when
+    `checksums` is True or, given a callable, when it returns True for the total size.
+
+    Returns (manifest, problems); the manifest is None when it cannot be read. Files are hashed on
+    `threads` threads (hashlib releases the GIL), since a sharded checkpoint has many of them.
+    """
+    path = Path(path)
+    if not is_complete(path):
+        return None, [f"{path}: incomplete (no manifest, or the sentinel is still there)"]
+    try:
+        manifest = read_manifest(path)
+    except (OSError, ValueError) as e:
+        return None, [f"{path}: unreadable manifest: {e}"]
+    problems = verify(path, manifest, checksums=False)  # sizes first: cheap, and catches most
+    if callable(checksums):
+        checksums = checksums(manifest.total_size)
+    if problems or not checksums or not manifest.files:
+        return manifest, problems
+    groups: list[list] = [manifest.files[i::threads] for i in range(threads)]
+    parts = [
+        Manifest(
+            step=manifest.step,
+            epoch=manifest.epoch,
+            time=manifest.time,
+            world_size=manifest.world_size,
+            framework=manifest.framework,
+            tier=manifest.tier,
+            files=group,
+        )
+        for group in groups
+        if group
+    ]
+    with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+        for result in pool.map(lambda m: verify(path, m, checksums=True), parts):
+            problems.extend(result)
+    return manifest, problems

@@ -1,0 +1,282 @@
+"""Checkpoint tiers: a directory (local ramdisk, PVC mount, file://) or s3:// through fsspec.
+
+Every tier gives writers a local directory (`write_dir`) and keeps the layout protocol of
+layout.py. For s3:// that directory is a staging copy: each rank uploads its own files
+(`publish`), and the coordinator commits by uploading the manifest last and deleting the sentinel,
+so a checkpoint counts only once every byte is in the bucket. fsspec/s3fs are imported only when an
+s3:// URI is used, so the core stays standard-library only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from . import layout
+from .contract import (
+    INCOMPLETE_SENTINEL,
+    MANIFEST_FILE,
+    Manifest,
+    checkpoint_dir_name,
+    parse_checkpoint_dir_name,
+)
+from .fsutil import remove_tree
+from .layout import Entry
+
+log = logging.getLogger(__name__)
+
+
+class StorageError(RuntimeError):
+    """A tier cannot be used (missing optional dependency, unsupported URI)."""
+
+
+class Tier:
+    """Interface of a checkpoint tier. `name` is the manifest's tier: "local" or "persistent"."""
+
+    name: str
+    root: str
+
+    def location(self, step: int) -> str:
+        raise NotImplementedError
+
+    def scan(self) -> list[Entry]:
+        raise NotImplementedError
+
+    def begin(self, step: int) -> Path:
+        """Coordinator only: a fresh `checkpoint-<step>` holding the sentinel; its write dir."""
+        raise NotImplementedError
+
+    def write_dir(self, step: int) -> Path:
+        """Where every rank writes its files for `step` (exists once `begin` returned)."""
+        raise NotImplementedError
+
+    def publish(self, step: int, relpaths: list[str]) -> None:
+        """Each rank, after writing and fsyncing its files: make them durable in the tier."""
+
+    def commit(self, step: int, manifest: Manifest) -> str:
+        """Coordinator only, after every rank published: manifest last, then the sentinel goes."""
+        raise NotImplementedError
+
+    def release(self, step: int) -> None:
+        """Every rank, after a save ended either way: drop local staging copies."""
+
+    def discard(self, step: int) -> None:
+        """Coordinator only, after a failed save: remove what it left, to free the space."""
+        raise NotImplementedError
+
+    def remove_incomplete(self) -> list[int]:
+        raise NotImplementedError
+
+    def retain(self, keep: int) -> list[int]:
+        raise NotImplementedError
+
+    def fetch(self, step: int) -> Path:
+        """A local directory holding checkpoint `step` (downloaded first for remote tiers).
+        One process per node calls it; the others use `fetch_dir`."""
+        raise NotImplementedError
+
+    def fetch_dir(self, step: int) -> Path:
+        """Where `fetch` puts checkpoint `step`."""
+        raise NotImplementedError
+
+    @property
+    def shared(self) -> bool:
+        """Whether every node sees the same files in `fetch_dir` (no per-node copy)."""
+        return True
+
+    def release_fetched(self, step: int) -> None:
+        """Drop what `fetch` downloaded."""
+
+
+class LocalTier(Tier):
+    def __init__(self, root: str | os.PathLike[str], name: str) -> None:
+        self.root = str(root)
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"LocalTier({self.name}, {self.root})"
+
+    def location(self, step: int) -> str:
+        return str(Path(self.root, checkpoint_dir_name(step)))
+
+    def scan(self) -> list[Entry]:
+        return layout.scan(self.root)
+
+    def begin(self, step: int) -> Path:
+        return layout.begin(self.root, step)
+
+    def write_dir(self, step: int) -> Path:
+        return Path(self.root, checkpoint_dir_name(step))
+
+    def commit(self, step: int, manifest: Manifest) -> str:
+        layout.finalize(self.write_dir(step), manifest)
+        return self.location(step)
+
+    def discard(self, step: int) -> None:
+        remove_tree(self.write_dir(step))
+
+    def remove_incomplete(self) -> list[int]:
+        return layout.remove_incomplete(self.root)
+
+    def retain(self, keep: int) -> list[int]:
+        return layout.retain(self.root, keep)
+
+    def fetch(self, step: int) -> Path:
+        return self.write_dir(step)
+
+    def fetch_dir(self, step: int) -> Path:
+        return self.write_dir(step)
+
+    @property
+    def shared(self) -> bool:
+        # The ramdisk tier is per node; CHECKPOINT_URI paths are a shared (RWX) mount.
+        return self.name != "local"
+
+
+class S3Tier(Tier):
+    """`s3://bucket/prefix` through s3fs. Credentials and endpoint come from the usual AWS
+    variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...)."""
+
+    def __init__(self, uri: str, staging_dir: str | os.PathLike[str], *, fs: Any = None) -> None:
+        self.name = "persistent"
+        self.uri = uri.rstrip("/")
+        self.root = self.uri.split("://", 1)[1]
+        self.staging = Path(staging_dir)
+        self.fs = fs if fs is not None else _s3_filesystem()
+
+    def __repr__(self) -> str:
+        return f"S3Tier({self.uri})"
+
+    def _key(self, step: int, rel: str = "") -> str:
+        base = f"{self.root}/{checkpoint_dir_name(step)}"
+        return f"{base}/{rel}" if rel else base
+
+    def location(self, step: int) -> str:
+        return f"{self.uri}/{checkpoint_dir_name(step)}"
+
+    def scan(self) -> list[Entry]:
+        self.fs.invalidate_cache()
+        try:
+            keys = self.fs.find(self.root)
+        except FileNotFoundError:
+            return []
+        seen: dict[int, set[str]] = {}
+        for key in keys:
+            rel = PurePosixPath(key).relative_to(self.root).parts
+            if len(rel) < 2:
+                continue
+            step = parse_checkpoint_dir_name(rel[0])
+            if step is not None:
+                seen.setdefault(step, set()).add("/".join(rel[1:]))
+        return [
+            Entry(step=s, complete=MANIFEST_FILE in files and INCOMPLETE_SENTINEL not in files)
+            for s, files in sorted(seen.items())
+        ]
+
+    def begin(self, step: int) -> Path:
+        self._rm(step)
+        self.fs.pipe(self._key(step, INCOMPLETE_SENTINEL), b"being uploaded\n")
+        local = self.write_dir(step)
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir(parents=True)
+        return local
+
+    def write_dir(self, step: int) -> Path:
+        return self.staging / "upload" / checkpoint_dir_name(step)
+
+    def publish(self, step: int, relpaths: list[str]) -> None:
+        local = self.write_dir(step)
+        for rel in relpaths:
+            self.fs.put_file(str(local / rel), self._key(step, rel))
+
+    def commit(self, step: int, manifest: Manifest) -> str:
+        self.fs.pipe(self._key(step, MANIFEST_FILE), manifest.to_json().encode("utf-8"))
+        self.fs.rm(self._key(step, INCOMPLETE_SENTINEL))
+        return self.location(step)
+
+    def release(self, step: int) -> None:
+        shutil.rmtree(self.write_dir(step), ignore_errors=True)
+
+    def discard(self, step: int) -> None:
+        self._rm(step)
+        self.release(step)
+
+    def _rm(self, step: int) -> None:
+        try:
+            # The manifest first: if the rest fails half-way, what remains reads as incomplete.
+            self.fs.rm(self._key(step, MANIFEST_FILE))
+        except FileNotFoundError:
+            pass
+        try:
+            self.fs.rm(self._key(step), recursive=True)
+        except FileNotFoundError:
+            pass
+        self.fs.invalidate_cache()
+
+    def remove_incomplete(self) -> list[int]:
+        removed = [e.step for e in self.scan() if not e.complete]
+        for step in removed:
+            self._rm(step)
+        return removed
+
+    def retain(self, keep: int) -> list[int]:
+        complete = [e.step for e in self.scan() if e.complete]
+        doomed = complete[: max(0, len(complete) - max(1, keep))]
+        for step in doomed:
+            self._rm(step)
+        return doomed
+
+    def fetch_dir(self, step: int) -> Path:
+        return self.staging / "restore" / checkpoint_dir_name(step)
+
+    @property
+    def shared(self) -> bool:
+        return False  # each node downloads its own copy
+
+    def fetch(self, step: int) -> Path:
+        local = self.fetch_dir(step)
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir(parents=True)
+        self.fs.invalidate_cache()
+        prefix = self._key(step)
+        for key in self.fs.find(prefix):
+            rel = PurePosixPath(key).relative_to(prefix)
+            dest = local.joinpath(*rel.parts)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(key, str(dest))
+        return local
+
+    def release_fetched(self, step: int) -> None:
+        shutil.rmtree(self.fetch_dir(step), ignore_errors=True)
+
+
+def _s3_filesystem() -> Any:
+    try:
+        import fsspec  # optional dependency, imported only for s3:// URIs
+    except ImportError as e:
+        raise StorageError(
+            "CHECKPOINT_URI is s3:// but fsspec/s3fs are not installed: pip install 'kubeckpt[s3]'"
+        ) from e
+    kwargs: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        kwargs["client_kwargs"] = {"endpoint_url": endpoint}
+    try:
+        return fsspec.filesystem("s3", **kwargs)
+    except (ImportError, ValueError) as e:
+        raise StorageError(f"cannot use s3:// ({e}): pip install 'kubeckpt[s3]'") from e
+
+
+def persistent_tier(uri: str, staging_dir: str) -> Tier:
+    """The tier for CHECKPOINT_URI: a path, file:///path, or s3://bucket/prefix."""
+    if uri.startswith("file://"):
+        return LocalTier(uri[len("file://") :], "persistent")
+    if "://" not in uri:
+        return LocalTier(uri, "persistent")
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme == "s3":
+        return S3Tier(uri, staging_dir)
+    raise StorageError(f"CHECKPOINT_URI scheme {scheme}:// is not supported (use a path or s3://)")

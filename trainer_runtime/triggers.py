@@ -1,0 +1,110 @@
+"""What asks for a just-in-time checkpoint: SIGTERM, or the preStop hook's request file.
+
+The signal handler only sets a flag (a handler that saved from inside the signal would run at an
+arbitrary bytecode in the middle of a step); the training loop polls the flag and the request file
+once per step. The request file exists because a kubelet signals only the container's PID 1: when
+that is a shell that does not forward signals, the ranks never see SIGTERM, but preStop still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from .contract import DONE_FILE, FAILED_FILE, REQUEST_FILE
+from .fsutil import write_atomic
+
+log = logging.getLogger(__name__)
+
+
+class SignalTrigger:
+    """Sets `fired` on SIGTERM (or the given signals) and chains to a previous Python handler."""
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
+        self.signals = signals
+        self.fired = False
+        self.fired_by: int | None = None
+        self._previous: dict[int, Any] = {}
+        self.installed = False
+
+    def install(self) -> bool:
+        """Install the handlers; False (and a log line) outside the main thread, where Python
+        cannot install handlers: the request file still works there."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("kubeckpt: not in the main thread; SIGTERM will not trigger a checkpoint")
+            return False
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        self.installed = True
+        return True
+
+    def uninstall(self) -> None:
+        if not self.installed:
+            return
+        for sig, previous in self._previous.items():
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+        self.installed = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.fired = True
+        self.fired_by = signum
+        previous = self._previous.get(signum)
+        # SIG_DFL would terminate the process, which is exactly what we are preventing; SIG_IGN and
+        # None (a handler installed from C) have nothing to call.
+        if callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN):
+            previous(signum, frame)
+
+
+def _process_start_time() -> float:
+    """Wall-clock start of this process (Linux /proc), or now where that cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start_ticks = int(fields[19])  # field 22 of the file; two are before the ')'
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
+        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return time.time()
+
+
+class RequestFile:
+    """The preStop side channel in $CHECKPOINT_CONTROL_DIR.
+
+    `pending()` is one stat() per call. A request older than this process is stale (left by an
+    earlier container of the same pod, whose emptyDir survives a restart) and is ignored.
+    """
+
+    def __init__(self, control_dir: str | os.PathLike[str]) -> None:
+        self.dir = Path(control_dir)
+        self.request = self.dir / REQUEST_FILE
+        self.done = self.dir / DONE_FILE
+        self.failed = self.dir / FAILED_FILE
+        # /proc's start time has clock-tick resolution; allow a little slack.
+        self.not_before = _process_start_time() - 1.0
+
+    def pending(self) -> bool:
+        try:
+            st = os.stat(self.request)
+        except OSError:
+            return False
+        return st.st_mtime >= self.not_before
+
+    def acknowledge(self, ok: bool, detail: dict[str, Any] | None = None) -> None:
+        """Answer preStop: `checkpoint-done` or `checkpoint-failed`, written atomically."""
+        target = self.done if ok else self.failed
+        body = json.dumps({"time": time.time(), "pid": os.getpid(), **(detail or {})})
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(target, body.encode("utf-8") + b"\n")
+        except OSError as e:
+            log.error("kubeckpt: cannot acknowledge the checkpoint request in %s: %s", self.dir, e)
