@@ -65,15 +65,15 @@ class SignalTrigger:
 
 
 def _process_start_time() -> float:
-    """Wall-clock start of this process (Linux /proc), or now where that cannot be read."""
+    """Wall-clock start of this process (Linux /proc, to a clock tick), or now where unknown."""
     try:
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
         start_ticks = int(fields[19])  # field 22 of the file; two are before the ')'
-        with open("/proc/stat", "rb") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
-        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration, IndexError):
+        with open("/proc/uptime", "rb") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 
@@ -90,7 +90,7 @@ class RequestFile:
         self.done = self.dir / DONE_FILE
         self.failed = self.dir / FAILED_FILE
         # /proc's start time has clock-tick resolution; allow a little slack.
-        self.not_before = _process_start_time() - 1.0
+        self.not_before = _process_start_time() - 0.05
 
     def pending(self) -> bool:
         try:
@@ -100,11 +100,13 @@ class RequestFile:
         return st.st_mtime >= self.not_before
 
     def acknowledge(self, ok: bool, detail: dict[str, Any] | None = None) -> None:
-        """Answer preStop: `checkpoint-done` or `checkpoint-failed`, written atomically."""
+        """Answer preStop: `checkpoint-done` or `checkpoint-failed`, written atomically; then the
+        request is removed, so a container restarted in the same pod does not stop at once."""
         target = self.done if ok else self.failed
         body = json.dumps({"time": time.time(), "pid": os.getpid(), **(detail or {})})
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             write_atomic(target, body.encode("utf-8") + b"\n")
+            self.request.unlink(missing_ok=True)
         except OSError as e:
             log.error("kubeckpt: cannot acknowledge the checkpoint request in %s: %s", self.dir, e)
