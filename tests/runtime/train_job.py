@@ -115,6 +115,7 @@ def train(
         "step": step,
         "stopped": stopped,
         "resumed_from": mgr.resumed_from,
+        "resumed_tier": mgr.resumed_tier,
         "failed_saves": mgr.failed_saves,
         "last_error": mgr.last_error,
     }

@@ -170,7 +170,8 @@ class CheckpointManager:
 
         self.epoch = 0
         self.step = 0
-        self.resumed_from: str | None = None
+        self.resumed_from: str | None = None  # "checkpoint-<step>"
+        self.resumed_tier: str | None = None  # "local" or "persistent"
         self.last_result: SaveResult | None = None
         self.last_error: str | None = None
         self.failed_saves = 0
@@ -234,6 +235,7 @@ class CheckpointManager:
             if ok:
                 self.step = step
                 self.resumed_from = checkpoint_dir_name(step)
+                self.resumed_tier = tier.name
                 self.progress.resumed_from = self.resumed_from
                 if tier is self.persistent:
                     self._durable_step = step
