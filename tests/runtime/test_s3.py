@@ -1,0 +1,143 @@
+"""Group 5: s3:// checkpoints against a local S3 server (moto in server mode, loopback only).
+Uploads go from a local staging copy; a checkpoint counts only once its manifest is uploaded
+(last) and the sentinel deleted; resume downloads, verifies and loads it, single process and
+2-rank DCP alike. A bucket that cannot be written makes saves fail visibly, never count."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from harness import (
+    STEPS,
+    assert_same_files,
+    ckpt_env,
+    finish,
+    free_port,
+    kill_session,
+    read_json,
+    start,
+    tail_of,
+    torchrun_argv,
+    wait_for_step,
+)
+from train_job import train
+
+from trainer_runtime.contract import INCOMPLETE_SENTINEL, MANIFEST_FILE, Manifest
+
+BUCKET = "kubeckpt-test"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError as e:
+        pytest.fail(f"needs moto's server mode: pip install 'moto[server]' ({e})", pytrace=False)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, dict]]:
+    """An s3fs filesystem on the local server, a fresh bucket, and the variables that reach it."""
+    aws = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": s3_endpoint,
+    }
+    for key, value in aws.items():
+        monkeypatch.setenv(key, value)
+    from trainer_runtime.storage import _s3_filesystem
+
+    fs = _s3_filesystem()
+    if fs.exists(BUCKET):
+        fs.rm(BUCKET, recursive=True)
+    fs.mkdir(BUCKET)
+    yield fs, aws
+
+
+def _objects(fs: object, prefix: str) -> list[str]:
+    fs.invalidate_cache()  # type: ignore[attr-defined]
+    return sorted(k.removeprefix(prefix + "/") for k in fs.find(prefix))  # type: ignore[attr-defined]
+
+
+def test_single_process_to_s3_and_back(tmp_path: Path, s3, single_reference: Path) -> None:
+    fs, _ = s3
+    torch.set_num_threads(1)
+    uri = f"s3://{BUCKET}/team-a/job-1"
+    env = ckpt_env(
+        tmp_path, CHECKPOINT_URI=uri, CHECKPOINT_LOCAL_DIR="", CHECKPOINT_MAX_CHECKPOINTS="2"
+    )
+    info = train(steps=30, status_dir=tmp_path / "a", environ=env)
+    assert info["failed_saves"] == 0, info
+    prefix = f"{BUCKET}/team-a/job-1"
+    keys = _objects(fs, prefix)
+    assert keys == [
+        f"checkpoint-{s}/{name}"
+        for s in (21, 28)
+        for name in (MANIFEST_FILE, "rank-0.state.pt", "rank-0.tensors")
+    ], keys
+    manifest = Manifest.from_json(fs.cat(f"{prefix}/checkpoint-28/{MANIFEST_FILE}"))
+    assert manifest.step == 28 and manifest.tier == "persistent"
+    for entry in manifest.files:
+        assert fs.size(f"{prefix}/checkpoint-28/{entry.path}") == entry.size
+    assert not (tmp_path / "staging" / "upload" / "checkpoint-28").exists(), "staging kept"
+
+    # An upload that died before its manifest: an incomplete checkpoint, removed at resume.
+    fs.pipe(f"{prefix}/checkpoint-29/{INCOMPLETE_SENTINEL}", b"")
+    fs.pipe(f"{prefix}/checkpoint-29/rank-0.tensors", b"partial")
+    info = train(steps=STEPS, status_dir=tmp_path / "b", environ=env)
+    assert info["resumed_from"] == "checkpoint-28", info
+    assert not any(k.startswith("checkpoint-29/") for k in _objects(fs, prefix))
+    assert_same_files(single_reference / "final-0.pt", tmp_path / "b" / "final-0.pt")
+
+
+def test_unwritable_bucket_fails_visibly(tmp_path: Path, s3) -> None:
+    torch.set_num_threads(1)
+    env = ckpt_env(tmp_path, CHECKPOINT_URI="s3://no-such-bucket/job", CHECKPOINT_LOCAL_DIR="")
+    info = train(steps=15, status_dir=tmp_path / "a", environ=env)
+    assert info["step"] == 15 and info["failed_saves"] == 2, info  # steps 7 and 14
+    assert "persistent tier" in info["last_error"] and "bucket" in info["last_error"].lower()
+    progress = read_json(tmp_path / "progress.json")
+    assert progress and progress["checkpointing"]["checkpointsCreated"] == 0, progress
+
+
+def test_two_ranks_jit_to_s3_and_resume(tmp_path: Path, s3, ddp_reference: Path) -> None:
+    fs, aws = s3
+    uri = f"s3://{BUCKET}/job-ddp"
+    env = {**ckpt_env(tmp_path, CHECKPOINT_URI=uri), **aws}
+    target = random.Random(5).randint(8, 30)
+    proc = start(torchrun_argv(tmp_path / "status", sleep=0.06), env, tmp_path / "run.log")
+    try:
+        info = wait_for_step(tmp_path / "status" / "status-1.json", target, proc)
+        os.kill(info["pid"], signal.SIGTERM)
+        assert finish(proc) == 0, tail_of(proc)
+    finally:
+        kill_session(proc)
+    exits = [read_json(tmp_path / "status" / f"exit-{r}.json") for r in range(2)]
+    step = exits[0]["step"]  # type: ignore[index]
+    assert all(e and e["stopped"] and e["step"] == step for e in exits), exits
+    keys = _objects(fs, f"{BUCKET}/job-ddp")
+    mine = [k.split("/", 1)[1] for k in keys if k.startswith(f"checkpoint-{step}/")]
+    assert MANIFEST_FILE in mine and INCOMPLETE_SENTINEL not in mine, keys
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "rank-1.state.pt"} <= set(mine), mine
+
+    status = tmp_path / "status-resumed"
+    proc = start(torchrun_argv(status), env, tmp_path / "resumed.log")
+    assert finish(proc) == 0, tail_of(proc)
+    for rank in range(2):
+        info = read_json(status / f"exit-{rank}.json")
+        assert info and info["resumed_from"] == f"checkpoint-{step}", info
+        assert_same_files(ddp_reference / f"final-{rank}.pt", status / f"final-{rank}.pt")
