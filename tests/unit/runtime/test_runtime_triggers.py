@@ -1,0 +1,125 @@
+"""SIGTERM flag and chaining, the preStop request file, and the kubeckpt-prestop hook."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer_runtime import prestop
+from trainer_runtime.contract import DONE_FILE, FAILED_FILE, REQUEST_FILE
+from trainer_runtime.triggers import RequestFile, SignalTrigger
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_sigterm_sets_the_flag_and_chains() -> None:
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    trigger = SignalTrigger(signals=(signal.SIGUSR1,))
+    try:
+        assert trigger.install()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert trigger.fired and trigger.fired_by == signal.SIGUSR1
+        assert seen == [signal.SIGUSR1]  # the handler installed before ours still ran
+    finally:
+        trigger.uninstall()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_sigterm_does_not_chain_to_default_action() -> None:
+    code = (
+        "import os, signal, time\n"
+        "from trainer_runtime.triggers import SignalTrigger\n"
+        "t = SignalTrigger(); t.install()\n"
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.05)\n"
+        "print('alive', t.fired)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "alive True"
+
+
+def test_install_outside_main_thread_is_refused() -> None:
+    result: list[bool] = []
+    thread = threading.Thread(target=lambda: result.append(SignalTrigger().install()))
+    thread.start()
+    thread.join()
+    assert result == [False]
+
+
+def test_request_file_pending_and_stale(tmp_path: Path) -> None:
+    req = RequestFile(tmp_path)
+    assert not req.pending()
+    (tmp_path / REQUEST_FILE).write_text("{}")
+    assert req.pending()
+    old = req.not_before - 60  # left by an earlier container of the pod
+    os.utime(tmp_path / REQUEST_FILE, (old, old))
+    assert not req.pending()
+    os.utime(tmp_path / REQUEST_FILE)
+    req.acknowledge(True, {"step": 12})
+    assert json.loads((tmp_path / DONE_FILE).read_text())["step"] == 12
+    assert not (tmp_path / REQUEST_FILE).exists()  # answered: a restart will not stop at once
+
+
+def _answer_later(directory: Path, name: str, delay: float) -> threading.Thread:
+    def run() -> None:
+        deadline = time.monotonic() + 10
+        while not (directory / REQUEST_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(delay)
+        RequestFile(directory).acknowledge(name == DONE_FILE, {"step": 3})
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_prestop_done(tmp_path: Path) -> None:
+    (tmp_path / DONE_FILE).write_text("stale")  # from an earlier container: must not count
+    (tmp_path / FAILED_FILE).write_text("stale")
+    thread = _answer_later(tmp_path, DONE_FILE, 0.2)
+    start = time.monotonic()
+    assert prestop.main([f"--control-dir={tmp_path}", "--timeout=10"]) == prestop.EXIT_DONE
+    assert time.monotonic() - start >= 0.2
+    thread.join()
+
+
+def test_prestop_failed_and_timeout(tmp_path: Path) -> None:
+    thread = _answer_later(tmp_path, FAILED_FILE, 0.0)
+    assert prestop.main([f"--control-dir={tmp_path}", "--timeout=10"]) == prestop.EXIT_FAILED
+    thread.join()
+    start = time.monotonic()
+    assert prestop.main([f"--control-dir={tmp_path}", "--timeout=0.3"]) == prestop.EXIT_TIMEOUT
+    assert 0.3 <= time.monotonic() - start < 2
+
+
+def test_prestop_cannot_write(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert prestop.main([f"--control-dir={blocker}/x", "--timeout=1"]) == prestop.EXIT_ERROR
+
+
+def test_prestop_timeout_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBECKPT_PRESTOP_TIMEOUT", raising=False)
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    assert prestop.default_timeout() == prestop.DEFAULT_TIMEOUT
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "100")
+    assert prestop.default_timeout() == 100
+    monkeypatch.setenv("KUBECKPT_PRESTOP_TIMEOUT", "40")
+    assert prestop.default_timeout() == 40
+
+
+def test_console_script_is_installed(tmp_path: Path) -> None:
+    script = shutil.which("kubeckpt-prestop", path=str(Path(sys.executable).parent))
+    assert script, "kubeckpt-prestop missing: reinstall with pip install -e '.[dev]'"
+    env = {**os.environ, "CHECKPOINT_CONTROL_DIR": str(tmp_path)}
+    out = subprocess.run([script, "--timeout=0"], env=env, capture_output=True, text=True)
+    assert out.returncode == prestop.EXIT_TIMEOUT and (tmp_path / REQUEST_FILE).exists()
