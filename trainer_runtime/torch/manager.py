@@ -83,8 +83,10 @@ class SaveResult:
     ok: bool
     locations: dict[str, str] = field(default_factory=dict)
     error: str | None = None
-    save_seconds: float = 0.0
-    stall_seconds: float = 0.0
+    save_seconds: float = 0.0  # from the snapshot until durable everywhere
+    stall_seconds: float = 0.0  # how long the training thread was held up
+    persist_seconds: float = 0.0  # the writer thread's part: write, fsync, hash, commit
+    bytes_written: int = 0  # by this rank
 
 
 @dataclass
@@ -134,6 +136,7 @@ class CheckpointManager:
         # per-step agreement, one for the writer thread's save protocol.
         self._comm = Collectives.create() if self.enabled else Collectives(None, 1, 0)
         self._io = Collectives.create() if self.enabled else Collectives(None, 1, 0)
+        self._agreement = self._comm.pipelined(2)
 
         self.persistent: Tier | None = None
         self.local: LocalTier | None = None
@@ -442,12 +445,15 @@ class CheckpointManager:
         stop = persist = local = False
         if self.enabled:
             decision = self._schedule.decide(step, end_of_epoch=end_of_epoch)
+            timed = self.config.settings.checkpoint_strategy == "time"
             # The time strategy reads the clock: only rank 0's reading counts, or ranks disagree.
-            vote = decision.persistent and (
-                self.config.settings.checkpoint_strategy != "time" or self.rank == 0
-            )
-            flags = self._comm.all_max([int(self._jit_requested()), int(vote), int(decision.local)])
-            stop, persist, local = (bool(f) for f in flags)
+            vote = timed and decision.persistent and self.rank == 0
+            if vote:
+                self._schedule.restart_interval()  # one vote per interval, not one per step
+            agreed = self._agreement.exchange([int(self._jit_requested()), int(vote)])
+            stop = bool(agreed and agreed[0])
+            persist = bool(agreed and agreed[1]) if timed else decision.persistent
+            local = decision.local  # a step count: the same on every rank without asking
         if stop:
             self._jit_stop(step)
             self._write_progress(step, loss, learning_rate, metrics, final=True)
@@ -459,8 +465,6 @@ class CheckpointManager:
                 local=local,
                 blocking=not self.config.async_save,
             )
-            if persist:
-                self._schedule.restart_interval()
         if self.progress.due(step):
             self._write_progress(step, loss, learning_rate, metrics)
         return False
@@ -472,6 +476,7 @@ class CheckpointManager:
 
     def _jit_stop(self, step: int) -> None:
         self.stopped = True
+        self._agreement.collect()  # every rank started one more; let them all finish it
         log.warning("kubeckpt: stop requested; saving a just-in-time checkpoint at step %d", step)
         self._wait_pending()
         result: SaveResult | None = None
@@ -514,7 +519,7 @@ class CheckpointManager:
         if self.config.overlap_staging and not blocking:
             ptrs = self._late_pointers(tree)
             late = lambda t: t.data_ptr() in ptrs  # noqa: E731
-        staged = self._stager.stage(tree, late=late)
+        staged = self._stager.stage(tree, late=late, copy_cpu=not blocking)
         small = self._small_state(step)
         stall = time.perf_counter() - t0
         future = self._executor.submit(self._persist, step, self.epoch, staged, small, tiers, t0)
@@ -615,19 +620,23 @@ class CheckpointManager:
             result.ok = False
             result.error = error or "staging failed on another rank"
             return result
+        t1 = time.perf_counter()
         for tier in tiers:
-            ok, outcome = self._persist_tier(tier, step, epoch, staged.tree, small)
+            ok, outcome, size = self._persist_tier(tier, step, epoch, staged.tree, small)
+            result.bytes_written += size
             if ok:
                 result.locations[tier.name] = outcome
             else:
                 result.ok = False
                 result.error = f"{tier.name} tier: {outcome}"
+        result.persist_seconds = time.perf_counter() - t1
         result.save_seconds = time.perf_counter() - t0
         return result
 
     def _persist_tier(
         self, tier: Tier, step: int, epoch: int, tree: dict[str, Any], small: dict[str, Any]
-    ) -> tuple[bool, str]:
+    ) -> tuple[bool, str, int]:
+        """(ok, location or error, bytes this rank wrote)."""
         group = self._io
         node_local = not tier.shared
         coordinator = self.local_rank == 0 if node_local else self.rank == 0
@@ -641,7 +650,7 @@ class CheckpointManager:
         if not group.all_ok(error is None):
             if coordinator and error is None:
                 self._discard(tier, step)
-            return False, error or "another rank could not start the checkpoint"
+            return False, error or "another rank could not start the checkpoint", 0
         directory = tier.write_dir(step)
         written: list[plain.WrittenFile] = []
         try:
@@ -692,11 +701,12 @@ class CheckpointManager:
                     self._discard(tier, step)
         committed = group.all_ok(commit_error is None)
         tier.release(step)
+        size = sum(w.size for w in written)
         if failures:
-            return False, "; ".join(failures)
+            return False, "; ".join(failures), size
         if not committed:
-            return False, commit_error or "commit failed on another node"
-        return True, location
+            return False, commit_error or "commit failed on another node", size
+        return True, location, size
 
     def _write_dcp_rank_files(
         self, directory: Path, small: dict[str, Any]
@@ -781,6 +791,7 @@ class CheckpointManager:
             return
         self._closed = True
         try:
+            self._agreement.collect()
             self._wait_pending()
         finally:
             for hook in self._hooks:

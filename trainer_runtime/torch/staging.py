@@ -75,13 +75,25 @@ class Stager:
             self._buffers[path] = buf
         return buf
 
-    def stage(self, tree: Any, *, late: Callable[[torch.Tensor], bool] | None = None) -> Staged:
-        """Copy `tree` to CPU. Tensors for which `late(t)` holds are copied in the background."""
+    def stage(
+        self,
+        tree: Any,
+        *,
+        late: Callable[[torch.Tensor], bool] | None = None,
+        copy_cpu: bool = True,
+    ) -> Staged:
+        """Copy `tree` to CPU. Tensors for which `late(t)` holds are copied in the background.
+
+        With `copy_cpu=False` CPU tensors are used as they are (a blocking save: nothing changes
+        them until it is done), and only device tensors are copied.
+        """
         early: list[tuple[torch.Tensor, torch.Tensor]] = []
         deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def stage_one(path: Path, t: torch.Tensor) -> Any:
             src = _local(t.detach())
+            if not copy_cpu and src.device.type == "cpu" and src.is_contiguous():
+                return t.detach()
             buf = self._buffer(path, src)
             (deferred if late is not None and late(src) else early).append((src, buf))
             if DTensor is not None and isinstance(t, DTensor):
