@@ -1,0 +1,101 @@
+"""Fixtures for the reconciler library's tests on the local control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import inspect
+import json
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from localcluster import LocalCluster
+from reconciler.client import Client
+from reconciler.config import ClientConfig, load_kubeconfig
+from reconciler.errors import ApiError
+from reconciler.exec import ExecError, exec_command
+from reconciler.resources import PODS
+
+
+def admin_config(cluster: LocalCluster, **overrides: object) -> ClientConfig:
+    cfg = load_kubeconfig(cluster.kubeconfig)
+    cfg.qps = None  # tests drive the API server hard on purpose
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+@pytest.fixture
+async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
+    c = Client(admin_config(cluster))
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def eventually(
+    check: Callable[[], bool | Awaitable[bool]], what: str, within: float, interval: float = 0.1
+) -> None:
+    """Poll `check` (sync or async) until it is true; fail after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def run_pod(client: Client, namespace: str, name: str) -> None:
+    """Create a bare pod (the scheduler binds it to a KWOK node) and wait until it runs."""
+    pods = client.api(PODS)
+    await pods.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+        }
+    )
+
+    async def running() -> bool:
+        return (await pods.get(name, namespace)).get("status", {}).get("phase") == "Running"
+
+    await eventually(running, f"pod {name} to run", within=60, interval=0.2)
+
+
+async def wait_exec_ready(client: Client, namespace: str, pod: str) -> None:
+    """KWOK learns of a new Exec object through its informer: retry until exec works."""
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                r = await exec_command(client, namespace, pod, ["true"], timeout=5)
+                if r.exit_code == 0:
+                    return
+            except (ExecError, ApiError):
+                pass
+            await asyncio.sleep(0.3)
+
+
+def etcd_revision(cluster: LocalCluster) -> int:
+    body = json.dumps({"key": base64.b64encode(b"/").decode()}).encode()
+    req = urllib.request.Request(cluster.etcd_url + "/v3/kv/range", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return int(json.loads(r.read())["header"]["revision"])
+
+
+def compact_etcd(cluster: LocalCluster) -> int:
+    """Compact etcd at its current revision: every older resourceVersion is gone (410)."""
+    rev = etcd_revision(cluster)
+    body = json.dumps({"revision": str(rev), "physical": True}).encode()
+    req = urllib.request.Request(cluster.etcd_url + "/v3/kv/compaction", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        r.read()
+    return rev
