@@ -1,7 +1,7 @@
 """The local Kubernetes control plane used by the tests (pytest fixture) and `make cluster-up`."""
 
 from .binaries import Binaries, MissingBinaries, ensure_binaries
-from .cluster import ClusterError, LocalCluster, local_cluster, sweep_stale_workdirs
+from .cluster import ClusterError, LocalCluster, free_port, local_cluster, sweep_stale_workdirs
 from .waiting import wait_for
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "LocalCluster",
     "MissingBinaries",
     "ensure_binaries",
+    "free_port",
     "local_cluster",
     "sweep_stale_workdirs",
     "wait_for",

@@ -483,7 +483,7 @@ class LocalCluster:
                 # nodelifecycle lifts the not-ready taint that admission puts on every new node,
                 # and taints nodes that stop heartbeating (a preemption test can use that).
                 "--controllers=garbagecollector,namespace,serviceaccount,serviceaccount-token,"
-                "root-ca-cert-publisher,nodelifecycle",
+                "root-ca-cert-publisher,nodelifecycle,persistentvolume-binder",
                 "--node-monitor-period=1s",
                 f"--service-account-private-key-file={d / 'sa.key'}",
                 f"--root-ca-file={d / 'ca.crt'}",

@@ -109,7 +109,8 @@ def test_exec_exit_status_and_stderr_pass_through(cluster: LocalCluster, namespa
         timeout=30,
     )
     assert proc.stdout == "out\n", "stdout carries only stdout"
-    assert proc.stderr == "err\n", "stderr arrives on its own stream"
+    # kubectl itself may add lines to stderr (seen under load: "Unknown stream id 1").
+    assert "err" in proc.stderr.splitlines(), "stderr arrives on its own stream"
     # KWOK reports a failed command as an InternalError that names the exit status (a real kubelet
     # sends NonZeroExitCode with the code as a cause); either way the exec fails visibly.
     proc = exec_sh("exit 7")

@@ -1,0 +1,134 @@
+"""A `kubeckpt-webhook` process registered with the real API server by URL on 127.0.0.1."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from localcluster import LocalCluster, free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[3]
+MWC_NAME = "kubeckpt-webhook-it"
+WEBHOOK_NS = "kubeckpt-system"
+
+
+class WebhookProcess:
+    def __init__(self, cluster: LocalCluster, port: int, log: Path) -> None:
+        self.cluster = cluster
+        self.port = port
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        exe = shutil.which("kubeckpt-webhook", path=str(Path(sys.executable).parent))
+        assert exe, "kubeckpt-webhook is not installed in the venv: run `make venv`"
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                f"--kubeconfig={self.cluster.kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--port={self.port}",
+                f"--namespace={WEBHOOK_NS}",
+                f"--webhook-config={MWC_NAME}",
+                "--extra-ip=127.0.0.1",
+            ],
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # readiness only; the API server verifies for real
+
+        def ready() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, self.tail()
+            with urllib.request.urlopen(f"{self.url}/readyz", context=ctx, timeout=2) as r:
+                return r.status == 200
+
+        wait_for(ready, "the webhook to be ready", timeout=30)
+        wait_for(self.ca_published, "the caBundle in the webhook configuration", timeout=30)
+
+    def ca_published(self) -> bool:
+        mwc = json.loads(
+            self.cluster.kubectl(
+                "get", "mutatingwebhookconfiguration", MWC_NAME, "-o", "json"
+            ).stdout
+        )
+        return all(w["clientConfig"].get("caBundle") for w in mwc["webhooks"])
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+def local_webhook_configuration(port: int) -> dict:
+    """config/webhook's configuration, registered by URL instead of through the Service."""
+    mwc = yaml.safe_load(
+        (REPO / "config" / "webhook" / "mutatingwebhookconfiguration.yaml").read_text()
+    )
+    mwc = copy.deepcopy(mwc)
+    mwc["metadata"]["name"] = MWC_NAME
+    for w in mwc["webhooks"]:
+        path = w["clientConfig"]["service"]["path"]
+        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}"}
+    return mwc
+
+
+@pytest.fixture(scope="session")
+def webhook(
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WebhookProcess]:
+    port = free_port()
+    cluster.kubectl("create", "namespace", WEBHOOK_NS, check=False)
+    cluster.apply(local_webhook_configuration(port))
+    proc = WebhookProcess(cluster, port, tmp_path_factory.mktemp("webhook") / "webhook.log")
+    try:
+        proc.start()
+        yield proc
+    finally:
+        proc.stop()
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", MWC_NAME, check=False)
+
+
+def dry_run_pod(cluster: LocalCluster, pod: dict) -> dict:
+    """Create a pod with server-side dry run: admission (our webhook too) runs, nothing stored."""
+    out = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(pod)
+    ).stdout
+    return json.loads(out)
+
+
+def wait_policy_seen(cluster: LocalCluster, namespace: str, probe: dict) -> None:
+    """Wait until the webhook's cache has the namespace's policy (a dry-run pod gets injected)."""
+    start = time.monotonic()
+    wait_for(
+        lambda: "kubeckpt.io/injected" in dry_run_pod(cluster, probe)["metadata"].get("labels", {}),
+        "the webhook's cache to hold the new policy",
+        timeout=20,
+    )
+    assert time.monotonic() - start < 20

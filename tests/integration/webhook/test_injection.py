@@ -1,0 +1,211 @@
+"""The webhook on the real control plane: the training-operator's pods come out injected."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+
+from localcluster import LocalCluster, wait_for
+from tests.integration.webhook.conftest import WebhookProcess, dry_run_pod, wait_policy_seen
+from tests.support.pod_strategies import policies, progress, training_pods
+from webhook.mutation import mutate
+
+POLICY = {
+    "apiVersion": "kubeckpt.io/v1alpha1",
+    "kind": "CheckpointPolicy",
+    "metadata": {"name": "team-default"},
+    "spec": {"storage": {"uri": "pvc://ckpt/runs"}, "jit": {"maxGracePeriodSeconds": 240}},
+}
+TORCHRUN = (
+    "pip list | grep torch; torchrun --nnodes=$PET_NNODES --nproc-per-node=1 "
+    "--node-rank=$PET_NODE_RANK --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT train.py"
+)
+
+
+def pytorchjob(name: str, namespace: str, labels: dict | None = None) -> dict:
+    template = {
+        "metadata": {"labels": labels or {}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "image": "example.com/team/trainer:1",
+                    "command": ["bash", "-c", TORCHRUN],
+                }
+            ]
+        },
+    }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template},
+                "Worker": {"replicas": 1, "restartPolicy": "OnFailure", "template": template},
+            }
+        },
+    }
+
+
+def probe_pod(namespace: str, **labels: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "probe",
+            "namespace": namespace,
+            "labels": {"training.kubeflow.org/job-name": "probe", **labels},
+        },
+        "spec": {"containers": [{"name": "pytorch", "image": "x"}]},
+    }
+
+
+def job_pods(cluster: LocalCluster, namespace: str, job: str) -> list[dict]:
+    out = cluster.kubectl(
+        "get", "pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={job}", "-o", "json"
+    ).stdout
+    return json.loads(out)["items"]
+
+
+def two_pods(cluster: LocalCluster, namespace: str, job: str) -> list[dict] | None:
+    pods = job_pods(cluster, namespace, job)
+    return pods if len(pods) == 2 else None
+
+
+def env(pod: dict) -> dict[str, dict]:
+    c = next(c for c in pod["spec"]["containers"] if c["name"] == "pytorch")
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+@pytest.fixture
+def opted_in(cluster: LocalCluster, namespace: str, webhook: WebhookProcess) -> str:
+    cluster.kubectl("label", "namespace", namespace, "kubeckpt.io/inject=enabled")
+    cluster.apply({**POLICY, "metadata": {**POLICY["metadata"], "namespace": namespace}})
+    wait_policy_seen(cluster, namespace, probe_pod(namespace))
+    return namespace
+
+
+def test_pytorchjob_pods_are_injected_master_and_worker(
+    cluster: LocalCluster, opted_in: str
+) -> None:
+    ns = opted_in
+    cluster.apply(pytorchjob("llm", ns))
+    pods = wait_for(
+        lambda: two_pods(cluster, ns, "llm"),
+        "the operator's two pods",
+        timeout=60,
+    )
+    for pod in pods:
+        role = pod["metadata"]["labels"]["training.kubeflow.org/replica-type"]
+        assert pod["metadata"]["labels"]["kubeckpt.io/injected"] == "true", role
+        status = json.loads(pod["metadata"]["annotations"]["kubeckpt.io/status"])
+        assert status["policy"] == "team-default" and status["container"] == "pytorch"
+        e = env(pod)
+        assert e["CHECKPOINT_URI"]["value"] == f"/mnt/kubeckpt/{ns}/llm"
+        assert e["KUBECKPT_JOB_NAME"]["value"] == "llm"
+        assert e["KUBECKPT_JOB_KIND"]["value"] == "PyTorchJob"
+        assert e["TRAINING_PROGRESS_FILE"]["value"] == "/var/run/kubeckpt/progress.json"
+        # The operator's own env is still there beside ours.
+        assert "MASTER_ADDR" in e and "WORLD_SIZE" in e
+        assert pod["spec"]["terminationGracePeriodSeconds"] == 240
+        c = pod["spec"]["containers"][0]
+        assert c["command"] == ["bash", "-c", TORCHRUN], "the user's command is untouched"
+        assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "/bin/sh"
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        assert mounts["kubeckpt-storage"]["subPath"] == f"runs/{ns}/llm"
+        vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert vols["kubeckpt-storage"]["persistentVolumeClaim"]["claimName"] == "ckpt"
+        # The API server's own injection (the service-account token volume) coexists with ours.
+        assert any(v["name"].startswith("kube-api-access") for v in pod["spec"]["volumes"])
+
+
+def test_user_set_checkpoint_uri_survives(cluster: LocalCluster, opted_in: str) -> None:
+    job = pytorchjob("mine", opted_in)
+    for spec in job["spec"]["pytorchReplicaSpecs"].values():
+        spec["template"]["spec"]["containers"][0]["env"] = [
+            {"name": "CHECKPOINT_URI", "value": "s3://my-bucket/custom"}
+        ]
+    cluster.apply(job)
+    pods = wait_for(
+        lambda: two_pods(cluster, opted_in, "mine"),
+        "the pods",
+        timeout=60,
+    )
+    for pod in pods:
+        assert env(pod)["CHECKPOINT_URI"]["value"] == "s3://my-bucket/custom"
+        status = json.loads(pod["metadata"]["annotations"]["kubeckpt.io/status"])
+        assert "env/CHECKPOINT_URI" in status["skipped"]
+
+
+def test_opt_out_label_wins(cluster: LocalCluster, opted_in: str) -> None:
+    got = dry_run_pod(cluster, probe_pod(opted_in, **{"kubeckpt.io/inject": "false"}))
+    assert "kubeckpt.io/injected" not in got["metadata"]["labels"]
+    assert "env" not in got["spec"]["containers"][0]
+
+
+def test_unlabelled_namespace_needs_the_pod_opt_in_label(
+    cluster: LocalCluster, namespace: str, webhook: WebhookProcess
+) -> None:
+    cluster.apply({**POLICY, "metadata": {**POLICY["metadata"], "namespace": namespace}})
+    # The opt-in pod proves the policy reached the cache; the plain pod is then never touched.
+    wait_policy_seen(cluster, namespace, probe_pod(namespace, **{"kubeckpt.io/inject": "true"}))
+    plain = dry_run_pod(cluster, probe_pod(namespace))
+    assert "kubeckpt.io/injected" not in plain["metadata"].get("labels", {})
+    assert "env" not in plain["spec"]["containers"][0]
+
+
+def test_invalid_override_warns_and_still_admits(cluster: LocalCluster, opted_in: str) -> None:
+    pod = probe_pod(opted_in)
+    pod["metadata"]["annotations"] = {"kubeckpt.io/max-checkpoints": "many"}
+    proc = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(pod)
+    )
+    got = json.loads(proc.stdout)
+    assert got["metadata"]["labels"]["kubeckpt.io/injected"] == "true"
+    assert "kubeckpt.io/max-checkpoints" in proc.stderr  # the admission warning reaches kubectl
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(pod=training_pods(), pol=policies(), tp=progress)
+def test_patched_pods_are_accepted_by_the_api_server(
+    cluster: LocalCluster, pod: dict, pol: dict, tp: dict
+) -> None:
+    """Property: whatever the user's pod, the pod we produce is a valid Pod for the API server."""
+    ns_obj = {"metadata": {"name": "default", "labels": {"kubeckpt.io/inject": "enabled"}}}
+    pod["metadata"]["namespace"] = "default"  # unlabelled for the webhook: only our patch applies
+    pod["metadata"]["name"] = "prop-" + uuid.uuid4().hex[:8]
+    patched = mutate(pod, pol, ns_obj, tp).pod
+    proc = cluster.kubectl(
+        "create",
+        "--dry-run=server",
+        "-o",
+        "json",
+        "-f",
+        "-",
+        input=yaml.safe_dump(patched),
+        check=False,
+    )
+    assert proc.returncode == 0, f"API server rejected the patched pod: {proc.stderr}"
+
+
+def test_fail_open_when_the_webhook_is_down(
+    cluster: LocalCluster, opted_in: str, webhook: WebhookProcess
+) -> None:
+    webhook.stop()
+    try:
+        cluster.apply(pytorchjob("nohook", opted_in))
+        pods = wait_for(
+            lambda: two_pods(cluster, opted_in, "nohook"),
+            "the pods, created without the webhook",
+            timeout=60,
+        )
+        for pod in pods:
+            assert "kubeckpt.io/injected" not in pod["metadata"]["labels"]
+            assert "CHECKPOINT_URI" not in env(pod)
+    finally:
+        webhook.start()

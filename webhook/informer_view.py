@@ -1,0 +1,60 @@
+"""The webhook's ClusterView backed by the reconciler library's informers.
+
+Three caches: Namespaces (for the opt-in label), CheckpointPolicies and TrainingProgress (for the
+adaptive grace period). An admission request only reads them; the informers keep them current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from reconciler.client import Client
+from reconciler.informer import Informer
+
+GROUP_VERSION = "kubeckpt.io/v1alpha1"
+
+
+class InformerView:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._informers: dict[str, Informer] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        specs = {
+            "namespaces": ("v1", "namespaces"),
+            "policies": (GROUP_VERSION, "checkpointpolicies"),
+            "progress": (GROUP_VERSION, "trainingprogresses"),
+        }
+        for key, (api_version, plural) in specs.items():
+            api = await self._client.api_for(api_version, plural)
+            inf = Informer(api, name=f"webhook-{plural}")
+            self._informers[key] = inf
+            self._tasks.append(asyncio.create_task(inf.run(), name=f"informer-{plural}"))
+
+    async def wait_for_sync(self) -> None:
+        await asyncio.gather(*(i.wait_for_sync() for i in self._informers.values()))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+
+    # --- ClusterView ---
+    def synced(self) -> bool:
+        return bool(self._informers) and all(i.has_synced for i in self._informers.values())
+
+    def namespace(self, name: str) -> Mapping[str, Any] | None:
+        return self._informers["namespaces"].store.get_by_name(name)
+
+    def policies(self, namespace: str) -> list[Mapping[str, Any]]:
+        return self._informers["policies"].store.list(namespace)
+
+    def progress(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self._informers["progress"].store.get_by_name(name, namespace)

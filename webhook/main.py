@@ -1,0 +1,138 @@
+"""`kubeckpt-webhook`: the admission server process.
+
+    kubeckpt-webhook [--kubeconfig PATH] [--bind-address 0.0.0.0] [--port 9443]
+                     [--cert-mode self|files] [--cert-dir DIR]
+                     [--service kubeckpt-webhook] [--namespace kubeckpt-system]
+                     [--webhook-config kubeckpt-webhook] [--extra-ip 127.0.0.1] ...
+
+In-cluster it reads the service-account token; with --kubeconfig it uses that file. It serves
+/mutate, /healthz, /readyz and /metrics over TLS on one port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from reconciler.client import Client
+
+from .certs import CertConfig, CertManager
+from .certs_files import FileCertSource
+from .certs_tls import ServingTLS
+from .informer_view import InformerView
+from .kubeapi import KubeAPI
+from .server import Metrics, make_app, serve
+
+log = logging.getLogger("kubeckpt.webhook")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="kubeckpt-webhook",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: in-cluster service account)",
+    )
+    ap.add_argument("--bind-address", default="0.0.0.0")
+    ap.add_argument("--port", type=int, default=9443)
+    ap.add_argument(
+        "--cert-mode",
+        choices=["self", "files"],
+        default="self",
+        help="self: CA and certificate kept in a Secret; files: mounted by cert-manager",
+    )
+    ap.add_argument(
+        "--cert-dir",
+        type=Path,
+        default=Path("/etc/kubeckpt/certs"),
+        help="with --cert-mode files: directory holding tls.crt and tls.key",
+    )
+    ap.add_argument("--service", default="kubeckpt-webhook", help="the webhook's Service name")
+    ap.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "kubeckpt-system"))
+    ap.add_argument("--secret", default="kubeckpt-webhook-certs", help="certificate Secret")
+    ap.add_argument(
+        "--webhook-config",
+        default="kubeckpt-webhook",
+        help="MutatingWebhookConfiguration whose caBundle we keep (self mode)",
+    )
+    ap.add_argument("--extra-dns", action="append", default=[], help="extra certificate DNS SAN")
+    ap.add_argument("--extra-ip", action="append", default=[], help="extra certificate IP SAN")
+    ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+    return ap.parse_args(argv)
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    tls = ServingTLS()
+    tasks: list[asyncio.Task[None]] = []
+    client = Client.from_kubeconfig(args.kubeconfig) if args.kubeconfig else Client.auto()
+    view = InformerView(client)
+    kube: KubeAPI | None = None
+    try:
+        if args.cert_mode == "self":
+            kube = KubeAPI.from_environment(args.kubeconfig)
+            certs = CertManager(
+                kube,
+                CertConfig(
+                    service=args.service,
+                    namespace=args.namespace,
+                    secret_name=args.secret,
+                    webhook_config_name=args.webhook_config or None,
+                    extra_dns_names=tuple(args.extra_dns),
+                    extra_ip_addresses=tuple(args.extra_ip),
+                ),
+                tls,
+            )
+            tasks.append(asyncio.create_task(certs.run(), name="certificates"))
+        else:
+            source = FileCertSource(args.cert_dir, tls)
+            tasks.append(asyncio.create_task(source.run(), name="certificate-files"))
+        await view.start()
+        app = make_app(view, metrics=Metrics(), has_certificate=tls.has_certificate)
+        await tls.wait_ready()
+        runner = await serve(app, args.bind_address, args.port, tls.context)
+        log.info("serving on %s:%d (%s certificates)", args.bind_address, args.port, args.cert_mode)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await view.stop()
+        await client.close()
+        if kube is not None:
+            await kube.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    async def _main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(args, stop)
+
+    asyncio.run(_main())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
