@@ -25,10 +25,20 @@ WEBHOOK_NS = "kubeckpt-system"
 
 
 class WebhookProcess:
-    def __init__(self, cluster: LocalCluster, port: int, log: Path) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        port: int,
+        log: Path,
+        *,
+        kubeconfig: Path | None = None,
+        mwc_name: str = MWC_NAME,
+    ) -> None:
         self.cluster = cluster
         self.port = port
         self.log = log
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+        self.mwc_name = mwc_name
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -41,11 +51,11 @@ class WebhookProcess:
         self.proc = subprocess.Popen(
             [
                 exe,
-                f"--kubeconfig={self.cluster.kubeconfig}",
+                f"--kubeconfig={self.kubeconfig}",
                 "--bind-address=127.0.0.1",
                 f"--port={self.port}",
                 f"--namespace={WEBHOOK_NS}",
-                f"--webhook-config={MWC_NAME}",
+                f"--webhook-config={self.mwc_name}",
                 "--extra-ip=127.0.0.1",
             ],
             stdout=self.log.open("ab"),
@@ -67,7 +77,7 @@ class WebhookProcess:
     def ca_published(self) -> bool:
         mwc = json.loads(
             self.cluster.kubectl(
-                "get", "mutatingwebhookconfiguration", MWC_NAME, "-o", "json"
+                "get", "mutatingwebhookconfiguration", self.mwc_name, "-o", "json"
             ).stdout
         )
         return all(w["clientConfig"].get("caBundle") for w in mwc["webhooks"])
@@ -86,13 +96,13 @@ class WebhookProcess:
         return self.log.read_text(errors="replace")[-3000:]
 
 
-def local_webhook_configuration(port: int) -> dict:
+def local_webhook_configuration(port: int, name: str = MWC_NAME) -> dict:
     """config/webhook's configuration, registered by URL instead of through the Service."""
     mwc = yaml.safe_load(
         (REPO / "config" / "webhook" / "mutatingwebhookconfiguration.yaml").read_text()
     )
     mwc = copy.deepcopy(mwc)
-    mwc["metadata"]["name"] = MWC_NAME
+    mwc["metadata"]["name"] = name
     for w in mwc["webhooks"]:
         path = w["clientConfig"]["service"]["path"]
         w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}"}
