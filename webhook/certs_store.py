@@ -1,7 +1,7 @@
 """The few API-server operations certificate management needs, as a protocol.
 
-`webhook.kubeapi.KubeAPI` implements it with aiohttp; the reconciler library's client can replace
-it by providing these five methods. Tests use an in-memory fake.
+`webhook.cert_store.ClientSecretStore` implements it on the reconciler library's client. Tests
+use an in-memory fake.
 """
 
 from __future__ import annotations

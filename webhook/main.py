@@ -22,11 +22,11 @@ from pathlib import Path
 
 from reconciler.client import Client
 
+from .cert_store import ClientSecretStore
 from .certs import CertConfig, CertManager
 from .certs_files import FileCertSource
 from .certs_tls import ServingTLS
 from .informer_view import InformerView
-from .kubeapi import KubeAPI
 from .server import Metrics, make_app, serve
 
 log = logging.getLogger("kubeckpt.webhook")
@@ -76,12 +76,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     tasks: list[asyncio.Task[None]] = []
     client = Client.from_kubeconfig(args.kubeconfig) if args.kubeconfig else Client.auto()
     view = InformerView(client)
-    kube: KubeAPI | None = None
     try:
         if args.cert_mode == "self":
-            kube = KubeAPI.from_environment(args.kubeconfig)
             certs = CertManager(
-                kube,
+                ClientSecretStore(client),
                 CertConfig(
                     service=args.service,
                     namespace=args.namespace,
@@ -113,8 +111,6 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 await t
         await view.stop()
         await client.close()
-        if kube is not None:
-            await kube.close()
 
 
 def main(argv: list[str] | None = None) -> int:

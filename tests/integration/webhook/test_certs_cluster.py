@@ -21,9 +21,11 @@ from aiohttp import web
 
 from localcluster import LocalCluster
 from localcluster.cluster import free_port
+from reconciler.client import Client
+from reconciler.errors import ApiError
 from webhook import certs_pki as pki
+from webhook.cert_store import ClientSecretStore
 from webhook.certs import CA_BUNDLE, CertConfig, CertManager, Conflict, decode_secret_data
-from webhook.kubeapi import KubeAPI
 
 SECRET = "kubeckpt-webhook-certs"
 LABEL = "kubeckpt.io/certs-test"
@@ -102,25 +104,25 @@ def config(namespace: str, mwc: str | None, **kw: Any) -> CertConfig:
 
 
 @pytest.fixture
-async def api(cluster: LocalCluster) -> AsyncIterator[KubeAPI]:
-    client = KubeAPI.from_kubeconfig(cluster.kubeconfig)
+async def api(cluster: LocalCluster) -> AsyncIterator[ClientSecretStore]:
+    client = Client.from_kubeconfig(cluster.kubeconfig)
     try:
-        yield client
+        yield ClientSecretStore(client)
     finally:
         await client.close()
 
 
-async def new_api(cluster: LocalCluster, stack: contextlib.AsyncExitStack) -> KubeAPI:
-    client = KubeAPI.from_kubeconfig(cluster.kubeconfig)
+async def new_api(cluster: LocalCluster, stack: contextlib.AsyncExitStack) -> ClientSecretStore:
+    client = Client.from_kubeconfig(cluster.kubeconfig)
     stack.push_async_callback(client.close)
-    return client
+    return ClientSecretStore(client)
 
 
 class Gate:
     """Holds each replica's first call of `method` until every replica has reached it, so all
     of them have read the Secret before any of them writes: a guaranteed race."""
 
-    def __init__(self, api: KubeAPI, barrier: asyncio.Barrier, method: str) -> None:
+    def __init__(self, api: ClientSecretStore, barrier: asyncio.Barrier, method: str) -> None:
         self._api, self._barrier, self._method, self._held = api, barrier, method, False
         self.successes = 0
 
@@ -143,7 +145,7 @@ class Gate:
 class Counting:
     """Delegates to the API and counts successful Secret updates."""
 
-    def __init__(self, api: KubeAPI) -> None:
+    def __init__(self, api: ClientSecretStore) -> None:
         self._api = api
         self.updates = 0
 
@@ -157,7 +159,7 @@ class Counting:
 
 
 async def test_kube_api_preconditions_are_conflicts(
-    cluster: LocalCluster, namespace: str, api: KubeAPI
+    cluster: LocalCluster, namespace: str, api: ClientSecretStore
 ) -> None:
     body = {"metadata": {"name": "s"}, "type": "Opaque", "data": {"a": "YQ=="}}
     created = await api.create_secret(namespace, body)
@@ -181,7 +183,7 @@ async def test_kube_api_preconditions_are_conflicts(
 
 
 async def test_ca_bundle_is_written_to_every_webhook_entry(
-    cluster: LocalCluster, namespace: str, api: KubeAPI
+    cluster: LocalCluster, namespace: str, api: ClientSecretStore
 ) -> None:
     with webhook_configuration(cluster, (free_port(), free_port())) as name:
         mgr = CertManager(api, config(namespace, name))
@@ -396,9 +398,13 @@ async def test_the_api_server_trusts_every_phase_of_a_rotation_without_a_failed_
                     "kind": "ConfigMap",
                     "metadata": {"generateName": "cm-", "labels": {LABEL: name}},
                 }
-                return await client.request(
-                    "POST", f"/api/v1/namespaces/{namespace}/configmaps", body
-                )
+                try:
+                    obj = await client.client.request(
+                        "POST", f"/api/v1/namespaces/{namespace}/configmaps", json_body=body
+                    )
+                except ApiError as e:  # e.g. 500: the webhook call failed
+                    return e.status, e.body
+                return 201, obj
 
             # The API server picks the new configuration up asynchronously: wait for a success.
             deadline = time.monotonic() + 20
