@@ -55,7 +55,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_argv(status_dir: Path, *, steps: int = STEPS, sleep: float = 0.0) -> list[str]:
+def torchrun_argv(
+    status_dir: Path, *, steps: int = STEPS, sleep: float = 0.0, fsdp: bool = False
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -69,6 +71,7 @@ def torchrun_argv(status_dir: Path, *, steps: int = STEPS, sleep: float = 0.0) -
         f"--status-dir={status_dir}",
         f"--steps={steps}",
         f"--sleep={sleep}",
+        *(["--fsdp"] if fsdp else []),
     ]
 
 

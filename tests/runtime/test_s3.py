@@ -87,7 +87,7 @@ def test_single_process_to_s3_and_back(tmp_path: Path, s3, single_reference: Pat
     assert keys == [
         f"checkpoint-{s}/{name}"
         for s in (21, 28)
-        for name in (MANIFEST_FILE, "rank-0.state.pt", "rank-0.tensors")
+        for name in ("manifest.json", "rank-0.0.tensors", "rank-0.state.pt")
     ], keys
     manifest = Manifest.from_json(fs.cat(f"{prefix}/checkpoint-28/{MANIFEST_FILE}"))
     assert manifest.step == 28 and manifest.tier == "persistent"
@@ -97,7 +97,7 @@ def test_single_process_to_s3_and_back(tmp_path: Path, s3, single_reference: Pat
 
     # An upload that died before its manifest: an incomplete checkpoint, removed at resume.
     fs.pipe(f"{prefix}/checkpoint-29/{INCOMPLETE_SENTINEL}", b"")
-    fs.pipe(f"{prefix}/checkpoint-29/rank-0.tensors", b"partial")
+    fs.pipe(f"{prefix}/checkpoint-29/rank-0.0.tensors", b"partial")
     info = train(steps=STEPS, status_dir=tmp_path / "b", environ=env)
     assert info["resumed_from"] == "checkpoint-28", info
     assert not any(k.startswith("checkpoint-29/") for k in _objects(fs, prefix))

@@ -49,7 +49,7 @@ def test_retention_and_newest_wins(tmp_path: Path, single_reference: Path) -> No
 def test_corrupt_local_copy_falls_back_to_persistent(tmp_path: Path, single_reference: Path):
     env = ckpt_env(tmp_path)
     train(steps=STEPS, status_dir=tmp_path / "a", environ=env)
-    _flip_byte(tmp_path / "local" / "checkpoint-39" / "rank-0.tensors")  # same size, other bits
+    _flip_byte(tmp_path / "local" / "checkpoint-39" / "rank-0.0.tensors")  # same size, other bits
     info = train(steps=STEPS, status_dir=tmp_path / "b", environ=env)
     assert (info["resumed_from"], info["resumed_tier"]) == ("checkpoint-35", "persistent")
     assert_same_files(single_reference / "final-0.pt", tmp_path / "b" / "final-0.pt")
@@ -81,7 +81,7 @@ def test_truncated_and_incomplete_are_skipped(tmp_path: Path, single_reference: 
     train(steps=STEPS, status_dir=tmp_path / "a", environ=env)
     persistent = tmp_path / "persistent"
     assert _steps(persistent) == [(21, True), (28, True), (35, True)]
-    tensors = persistent / "checkpoint-35" / "rank-0.tensors"
+    tensors = persistent / "checkpoint-35" / "rank-0.0.tensors"
     tensors.write_bytes(tensors.read_bytes()[:-8])
     # A newer checkpoint that never finished: sentinel still there, manifest and all.
     newer = persistent / "checkpoint-38"

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_runtime.torch import CheckpointManager, ResumableSampler
@@ -51,6 +52,7 @@ def train(
     width: int = 64,
     samples: int = 512,
     batch: int = 16,
+    fsdp: bool = False,
 ) -> dict:
     """One run: resume if there is a checkpoint, train to `steps` or until told to stop."""
     status_dir.mkdir(parents=True, exist_ok=True)
@@ -69,7 +71,16 @@ def train(
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, generator=torch.Generator())
 
     model = build_model(width)
-    if world > 1:
+    if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            if isinstance(layer, nn.Linear | nn.BatchNorm1d):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif world > 1:
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.9)
@@ -121,11 +132,19 @@ def train(
     }
     write_json(status_dir / f"exit-{rank}.json", info)
     if step >= steps and not stopped:
-        module = model.module if world > 1 else model
+        if fsdp:  # gathered: each rank's shards alone would not say much
+            full = StateDictOptions(
+                full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False
+            )
+            model_state, optim_state = get_state_dict(model, optimizer, options=full)
+            model_state = {**model_state, **{n: b for n, b in model.named_buffers()}}
+        else:
+            module = model.module if world > 1 else model
+            model_state, optim_state = module.state_dict(), optimizer.state_dict()
         torch.save(
             {
-                "model": module.state_dict(),
-                "optim": optimizer.state_dict(),
+                "model": model_state,
+                "optim": optim_state,
                 "rng": torch.get_rng_state(),
                 "scaler": scaler.state_dict(),
                 "sampler": sampler.state_dict(),
@@ -141,10 +160,18 @@ def main() -> int:
     parser.add_argument("--status-dir", required=True)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    train(steps=args.steps, status_dir=Path(args.status_dir), sleep=args.sleep, width=args.width)
+    train(
+        steps=args.steps,
+        status_dir=Path(args.status_dir),
+        sleep=args.sleep,
+        width=args.width,
+        fsdp=args.fsdp,
+    )
     if dist.is_initialized():
+        dist.barrier()  # no rank tears its group down under another's last collective
         dist.destroy_process_group()
     return 0
 

@@ -17,6 +17,7 @@ behind a save's collectives.
 
 from __future__ import annotations
 
+import atexit
 import io
 import logging
 import os
@@ -56,13 +57,14 @@ from ..triggers import RequestFile, SignalTrigger
 from . import dcp as dcp_format
 from . import plain
 from .agreement import Collectives
-from .staging import Staged, Stager, _local
+from .staging import Staged, Stager
 from .state import (
     apply_rng,
     capture_rng,
     cpu_copy,
     iter_tensors,
     load_object_state,
+    local_tensor,
     object_state,
 )
 
@@ -183,6 +185,10 @@ class CheckpointManager:
         self._durable_step: int | None = None  # newest step known saved in the persistent tier
         self._last_stats: dict[str, Any] = {}
         self._last_report: tuple[Any, Any, Any] = (None, None, None)
+        self._warmed = False
+        # A script that never calls close() (an exception, sys.exit) still leaves its final record
+        # for `kubectl`; nothing more happens at exit, where other ranks may already be gone.
+        atexit.register(self._at_exit)
 
     @classmethod
     def from_env(
@@ -409,6 +415,14 @@ class CheckpointManager:
                 load_object_state(obj, state["extras"][name])
             else:
                 log.warning("kubeckpt: checkpoint has no state for extra %r", name)
+        if same_rank and "buffers" in state:
+            live = dict(self.model.named_buffers())
+            with torch.no_grad():
+                for name, value in state["buffers"].items():
+                    if name in live and live[name].shape == value.shape:
+                        live[name].copy_(value)
+                    else:
+                        log.warning("kubeckpt: buffer %s does not match the model; skipped", name)
         self.epoch = int(state.get("epoch", manifest.epoch))
         if same_rank and "rng" in state:
             apply_rng(state["rng"])  # last, so nothing above consumes random numbers after it
@@ -442,6 +456,15 @@ class CheckpointManager:
         self._timer.observe(step)
         self._last_report = (loss, learning_rate, metrics)
         self._reap()
+        if (
+            not self._warmed
+            and self.enabled
+            and self.config.async_save
+            and all(opt.state for opt in self.optimizers)
+        ):
+            # Once the optimizer's state exists the buffers can be sized (and faulted in) ahead.
+            self._warmed = True
+            self._stager.warm(self._targets())
         stop = persist = local = False
         if self.enabled:
             decision = self._schedule.decide(step, end_of_epoch=end_of_epoch)
@@ -533,9 +556,9 @@ class CheckpointManager:
 
     def _late_pointers(self, tree: dict[str, Any]) -> set[int]:
         """Storage of tensors only optimizer.step() changes: parameters and optimizer state."""
-        ptrs = {_local(p.detach()).data_ptr() for p in self.model.parameters()}
+        ptrs = {local_tensor(p.detach()).data_ptr() for p in self.model.parameters()}
         for _, t in iter_tensors(tree.get("optim", {}).get("state", {})):
-            ptrs.add(_local(t.detach()).data_ptr())
+            ptrs.add(local_tensor(t.detach()).data_ptr())
         ptrs.discard(0)
         return ptrs
 
@@ -549,6 +572,15 @@ class CheckpointManager:
             state["sampler"] = dict(self.sampler.state_dict())
         if self.extras:
             state["extras"] = {k: cpu_copy(object_state(v)) for k, v in self.extras.items()}
+        if self.world_size > 1:
+            # DCP keeps one copy of a plain tensor all ranks hold under one key; buffers such as
+            # BatchNorm statistics differ per rank (FSDP never syncs them), so each rank keeps its
+            # own here and gets them back exactly.
+            state["buffers"] = {
+                name: buf.detach().to("cpu", copy=True)
+                for name, buf in self.model.named_buffers()
+                if local_tensor(buf) is buf
+            }
         return state
 
     def _before_optimizer_step(self, *_args: Any) -> None:
@@ -790,6 +822,7 @@ class CheckpointManager:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._at_exit)
         try:
             self._agreement.collect()
             self._wait_pending()
@@ -805,6 +838,10 @@ class CheckpointManager:
                 if self._request.pending():
                     # A preStop arrived as training ended: answer rather than let it wait.
                     self._request.acknowledge(False, {"error": "training ended without saving"})
+
+    def _at_exit(self) -> None:
+        if not self._closed and not self.stopped:
+            self._write_progress(self.step, *self._last_report, final=True)
 
 
 def _describe(e: BaseException) -> str:

@@ -16,18 +16,8 @@ from typing import Any
 
 import torch
 
-from .state import Path, map_tensors
-
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch built without distributed
-    DTensor = None  # type: ignore[assignment,misc]
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    if DTensor is not None and isinstance(t, DTensor):
-        return t.to_local()
-    return t
+from .state import DTensor, Path, iter_tensors, map_tensors
+from .state import local_tensor as _local
 
 
 class Staged:
@@ -66,6 +56,21 @@ class Stager:
     def __init__(self) -> None:
         self._buffers: dict[Path, torch.Tensor] = {}
         self._stream: Any = None
+        self._warming: threading.Thread | None = None
+
+    def warm(self, tree: Any) -> None:
+        """Allocate and touch the buffers for `tree` on a background thread.
+
+        The first copy into fresh memory pays a page fault per page (about 0.4 s per GiB here),
+        which would otherwise land in the first save's stall.
+        """
+
+        def run() -> None:
+            for path, t in iter_tensors(tree):
+                self._buffer(path, _local(t.detach())).fill_(0)
+
+        self._warming = threading.Thread(target=run, name="kubeckpt-warm", daemon=True)
+        self._warming.start()
 
     def _buffer(self, path: Path, src: torch.Tensor) -> torch.Tensor:
         buf = self._buffers.get(path)
@@ -87,6 +92,9 @@ class Stager:
         With `copy_cpu=False` CPU tensors are used as they are (a blocking save: nothing changes
         them until it is done), and only device tensors are copied.
         """
+        if self._warming is not None:
+            self._warming.join()
+            self._warming = None
         early: list[tuple[torch.Tensor, torch.Tensor]] = []
         deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
 

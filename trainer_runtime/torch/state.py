@@ -18,8 +18,20 @@ try:
 except ImportError:  # numpy is optional for torch; its RNG is simply not part of the state then
     np = None  # type: ignore[assignment]
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch built without distributed
+    DTensor = None  # type: ignore[assignment,misc]
+
 Path = tuple[Any, ...]
 TENSOR_REF = "__kubeckpt_tensor__"
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (FSDP2, tensor parallel); any other tensor as it is."""
+    if DTensor is not None and isinstance(t, DTensor):
+        return t.to_local()
+    return t
 
 
 # --- tensor trees ---------------------------------------------------------------------------
