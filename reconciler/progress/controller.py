@@ -1,0 +1,370 @@
+"""The progress controller: PyTorchJobs with injected pods -> TrainingProgress status.
+
+One reconcile per job (key namespace/name, the job's and the TrainingProgress's): make sure the
+TrainingProgress exists (owned by the job), find the rank-0 pod, read its progress (exec while the
+container runs, the termination message once it has terminated), decide the new status from the
+stored one (`status.decide`), apply it to /status only when something changed, then send the
+events the change means. Decisions are read from the informers' caches; the only API calls are
+the exec, the TrainingProgress create and the status apply (and Events).
+
+A job is read at most once per interval (`schedule`): pod and job events that arrive sooner are
+answered from the cache, except a new rank-0 pod or a terminated container, which are read at
+once. Bad input of one job ends in a condition on that job only.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from reconciler.apply import apply_status, status_patch
+from reconciler.clock import REAL_CLOCK, Clock
+from reconciler.controller import Request, Result
+from reconciler.errors import AlreadyExists, ApiError, Conflict, NotFound
+from reconciler.exec import exec_command
+from reconciler.manager import Manager
+from reconciler.objects import KubeObject, name_of, namespace_of, object_key
+from reconciler.resources import PODS, Resource
+from trainer_runtime.contract.env import parse_duration
+from trainer_runtime.contract.progress import parse_rfc3339
+
+from . import discovery as d
+from .reading import ExecFn, ReadError, parse, read_file
+from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
+from .status import API_VERSION, FIELD_MANAGER, KIND, Decision, Observation, changed, decide
+
+log = logging.getLogger("kubeckpt.progress")
+
+PYTORCHJOBS = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+TRAININGPROGRESSES = Resource(
+    "kubeckpt.io",
+    "v1alpha1",
+    "trainingprogresses",
+    "TrainingProgress",
+    subresources=frozenset({"status"}),
+)
+JOB_INDEX = "kubeckpt.io/job"
+
+
+def pod_job_index(pod: KubeObject) -> list[str]:
+    """Index injected pods by "namespace/job" (PyTorchJob pods)."""
+    job = d.job_of_pod(pod)
+    if job is None or job[0] != d.PYTORCHJOB:
+        return []
+    return [f"{namespace_of(pod)}/{job[1]}"]
+
+
+def pod_to_job(pod: KubeObject) -> list[Request]:
+    return [Request.from_key(k) for k in pod_job_index(pod)]
+
+
+def _pod_changed(old: KubeObject, new: KubeObject) -> bool:
+    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    return old.get("status") != new.get("status") or (
+        om.get("deletionTimestamp") != nm.get("deletionTimestamp")
+    )
+
+
+def _spec_changed(old: KubeObject, new: KubeObject) -> bool:
+    # Our own status writes come back as updates: they must not trigger a read.
+    return (old.get("metadata") or {}).get("generation") != (new.get("metadata") or {}).get(
+        "generation"
+    )
+
+
+def _job_changed(old: KubeObject, new: KubeObject) -> bool:
+    return old.get("status") != new.get("status") or old.get("spec") != new.get("spec")
+
+
+def _rv(obj: KubeObject | None) -> int:
+    try:
+        return int((obj or {}).get("metadata", {}).get("resourceVersion", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+@dataclass
+class _JobState:
+    first_seen: float
+    next_poll: float = 0.0
+    last_change: float | None = None
+    pod: str | None = None
+    step: int | None = None
+
+
+class ProgressController:
+    def __init__(
+        self,
+        manager: Manager,
+        *,
+        settings: PollSettings | None = None,
+        limiter: ExecLimiter | None = None,
+        exec_fn: ExecFn = exec_command,
+        exec_timeout: float = 10.0,
+        workers: int = 4,
+        clock: Clock = REAL_CLOCK,
+    ) -> None:
+        client = manager.client
+        self.client = client
+        self.settings = settings or PollSettings()
+        self.limiter = limiter or ExecLimiter()
+        self.exec_fn = exec_fn
+        self.exec_timeout = exec_timeout
+        self.clock = clock
+        self.tp_api = client.api(TRAININGPROGRESSES)
+        self.jobs = manager.informer(client.api(PYTORCHJOBS))
+        self.pods = manager.informer(
+            client.api(PODS),
+            label_selector=f"{d.INJECTED_LABEL}=true",
+            indexers={JOB_INDEX: pod_job_index},
+        )
+        self.tps = manager.informer(self.tp_api)
+        self.events = manager.event_recorder("kubeckpt-reconciler")
+        self.controller = manager.controller("progress", self.reconcile, workers=workers)
+        self.controller.watch(self.jobs, update_predicate=_job_changed)
+        self.controller.watch(self.pods, pod_to_job, update_predicate=_pod_changed)
+        self.controller.watch(self.tps, update_predicate=_spec_changed)
+        self._state: dict[str, _JobState] = {}
+        # Our last write per job, newer than the cache until the watch delivers it.
+        self._written: dict[str, KubeObject] = {}
+        self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0}
+        manager.metrics.registry.register(_ProgressCollector(self))
+
+    # --- helpers ---
+    def _forget(self, key: str) -> None:
+        self._state.pop(key, None)
+        self._written.pop(key, None)
+
+    def _stored(self, key: str, tp: KubeObject) -> KubeObject:
+        mine = self._written.get(key)
+        if (
+            mine is not None
+            and mine.get("metadata", {}).get("uid") == tp.get("metadata", {}).get("uid")
+            and _rv(mine) > _rv(tp)
+        ):
+            return mine
+        self._written.pop(key, None)
+        return tp
+
+    async def _ensure_tp(self, key: str, job: KubeObject) -> KubeObject | None:
+        tp = self.tps.store.get(key)
+        if tp is not None:
+            return tp
+        md = job["metadata"]
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": md["name"],
+                "namespace": md["namespace"],
+                "labels": {"app.kubernetes.io/managed-by": "kubeckpt"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": job.get("apiVersion", PYTORCHJOBS.api_version),
+                        "kind": job.get("kind", PYTORCHJOBS.kind),
+                        "name": md["name"],
+                        "uid": md["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "jobRef": {
+                    "apiVersion": job.get("apiVersion", PYTORCHJOBS.api_version),
+                    "kind": job.get("kind", PYTORCHJOBS.kind),
+                    "name": md["name"],
+                }
+            },
+        }
+        try:
+            tp = await self.tp_api.create(body)
+        except AlreadyExists:
+            tp = await self.tp_api.get(md["name"], md["namespace"])
+        self._written[key] = tp
+        return tp
+
+    async def _read(self, pod: KubeObject, container: dict[str, Any], kind: str) -> Observation:
+        obs = Observation(pod=name_of(pod), source="exec")
+        path = d.progress_path(container)
+        try:
+            async with self.limiter.slot():
+                self.stats["reads"] += 1
+                data, _ = await read_file(
+                    self.exec_fn,
+                    self.client,
+                    namespace_of(pod),
+                    name_of(pod),
+                    container.get("name"),
+                    path,
+                    timeout=self.exec_timeout,
+                )
+            obs.record = parse(data)
+        except ReadError as e:
+            obs.error_reason, obs.error_message = e.reason, e.message
+        return obs
+
+    # --- reconcile ---
+    async def reconcile(self, req: Request) -> Result | None:
+        key = req.key
+        job = self.jobs.store.get(key)
+        if job is None:
+            self._forget(key)
+            return None  # the TrainingProgress goes with the job (ownerReference)
+        pods = self.pods.store.by_index(JOB_INDEX, key)
+        if not pods:
+            return None  # not an injected job (yet): pod events bring it back
+        tp = await self._ensure_tp(key, job)
+        if tp is None:
+            return None
+        tp = self._stored(key, tp)
+        prev_status = copy.deepcopy(tp.get("status") or {})
+        now = self.clock.now()
+        state = self._state.setdefault(key, _JobState(first_seen=now))
+        outcome = d.job_outcome(job)
+        pod = d.rank0_pod(pods, d.PYTORCHJOB)
+        container = d.target_container(pod, d.PYTORCHJOB) if pod is not None else None
+        running = False
+        frequency = d.DEFAULT_UPDATE_FREQUENCY
+        if pod is None or container is None:
+            obs = Observation(outcome=outcome)
+            if outcome is None and not prev_status.get("observedPod"):
+                obs.error_reason = "NoRank0Pod"
+                obs.error_message = "no injected rank-0 (master) pod found for the job"
+        else:
+            frequency = d.update_frequency(container)
+            cs = d.container_state(pod, container.get("name", ""))
+            pod_name = name_of(pod)
+            if cs.state == "terminated":
+                obs = Observation(pod=pod_name, source="terminationMessage", outcome=outcome)
+                if cs.message.strip():
+                    try:
+                        obs.record = parse(cs.message, "termination message")
+                    except ReadError as e:
+                        obs.error_reason, obs.error_message = e.reason, e.message
+            elif cs.state == "running" and outcome is None:
+                running = True
+                due = now >= state.next_poll or pod_name != state.pod
+                if not due:
+                    return Result(requeue_after=max(state.next_poll - now, 0.01))
+                obs = await self._read(pod, container, d.PYTORCHJOB)
+                obs.outcome = outcome
+            else:
+                obs = Observation(pod=pod_name, outcome=outcome)
+            state.pod = pod_name
+        rec_step_seconds = obs.record.step_seconds_value() if obs.record else None
+        if rec_step_seconds is None:
+            try:
+                rec_step_seconds = float(prev_status.get("stepSeconds") or 0) or None
+            except ValueError:
+                rec_step_seconds = None
+        period = update_period(rec_step_seconds, frequency)
+        if running:
+            obs.stall_after = stall_after(self.settings, period)
+        decision = decide(prev_status, obs, datetime.now(UTC))
+        await self._write(key, job, tp, prev_status, decision)
+        if decision.accepted and obs.record is not None and obs.record.step != state.step:
+            state.step = obs.record.step
+            state.last_change = now
+        if not running:
+            return None
+        interval = poll_interval(
+            self.settings,
+            has_record=state.step is not None,
+            age=now - state.first_seen,
+            since_change=None if state.last_change is None else now - state.last_change,
+            period=period,
+        )
+        state.next_poll = now + interval
+        return Result(requeue_after=interval)
+
+    async def _write(
+        self, key: str, job: KubeObject, tp: KubeObject, prev: dict[str, Any], dec: Decision
+    ) -> None:
+        if not changed(prev, dec.status):
+            self.stats["skipped_writes"] += 1
+            return
+        md = tp["metadata"]
+        body = status_patch(API_VERSION, KIND, md["name"], md["namespace"], dec.status)
+        try:
+            written = await apply_status(self.tp_api, body, field_manager=FIELD_MANAGER, force=True)
+        except NotFound:
+            self._written.pop(key, None)
+            return  # the TrainingProgress went (job deleted); its delete event comes back
+        except (Conflict, ApiError) as e:
+            log.warning("%s: status apply failed: %s", key, e)
+            raise
+        self.stats["writes"] += 1
+        self._written[key] = written
+        # Events only once the status that records them is stored: a restarted controller
+        # compares with it and does not send them again.
+        for ev in dec.events:
+            self.events.event(job, ev.type, ev.reason, ev.message)
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class _ProgressCollector(Collector):
+    """Per-job gauges, computed at scrape time from the cached TrainingProgress of jobs that
+    still exist (so a job's series go with it)."""
+
+    def __init__(self, ctrl: ProgressController) -> None:
+        self.ctrl = ctrl
+
+    def collect(self) -> Any:
+        labels = ["namespace", "job"]
+        fams = {
+            "step": GaugeMetricFamily("kubeckpt_training_step", "Current step", labels=labels),
+            "percentComplete": GaugeMetricFamily(
+                "kubeckpt_training_percent_complete", "Percent complete", labels=labels
+            ),
+            "loss": GaugeMetricFamily("kubeckpt_training_loss", "Latest loss", labels=labels),
+            "eta": GaugeMetricFamily(
+                "kubeckpt_training_eta_seconds", "Estimated seconds remaining", labels=labels
+            ),
+            "ckpt": GaugeMetricFamily(
+                "kubeckpt_seconds_since_last_checkpoint",
+                "Seconds since the latest complete checkpoint",
+                labels=labels,
+            ),
+        }
+        now = time.time()
+        for tp in list(self.ctrl.tps.store):
+            key = object_key(tp)
+            if self.ctrl.jobs.store.get(key) is None:
+                continue
+            tp = self.ctrl._stored(key, tp) if key in self.ctrl._written else tp
+            st = tp.get("status") or {}
+            lv = [namespace_of(tp), name_of(tp)]
+            for field_, fam in (
+                ("step", "step"),
+                ("percentComplete", "percentComplete"),
+                ("loss", "loss"),
+            ):
+                if (v := _float(st.get(field_))) is not None:
+                    fams[fam].add_metric(lv, v)
+            eta = st.get("estimatedTimeRemaining")
+            if eta:
+                try:
+                    fams["eta"].add_metric(lv, float(parse_duration(eta)))
+                except (ValueError, TypeError):
+                    if (v := _float(eta)) is not None:
+                        fams["eta"].add_metric(lv, v)
+            when = (st.get("checkpointing") or {}).get("latestCheckpointTime")
+            if when:
+                try:
+                    fams["ckpt"].add_metric(lv, now - parse_rfc3339(when).timestamp())
+                except ValueError:
+                    pass
+        yield from fams.values()

@@ -1,0 +1,125 @@
+"""kubeckpt-reconciler: the progress controller (every injected job's progress in a
+TrainingProgress), leader-elected, with /healthz, /readyz and /metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from reconciler.client import Client
+from reconciler.config import load_config, load_kubeconfig
+from reconciler.leaderelection import LeaderElectionConfig
+from reconciler.manager import Manager, install_signal_handlers
+
+from .controller import ProgressController
+from .schedule import ExecLimiter, PollSettings
+
+log = logging.getLogger("kubeckpt.reconciler")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="kubeckpt-reconciler", description=__doc__)
+    ap.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default: in-cluster service account)",
+    )
+    ap.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", "kubeckpt-system"),
+        help="namespace of the leader-election Lease",
+    )
+    ap.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--lease-name", default="kubeckpt-reconciler")
+    ap.add_argument("--lease-duration", type=float, default=15.0)
+    ap.add_argument("--renew-deadline", type=float, default=10.0)
+    ap.add_argument("--retry-period", type=float, default=2.0)
+    ap.add_argument("--bind-address", default="0.0.0.0", help="for /healthz /readyz /metrics")
+    ap.add_argument("--port", type=int, default=8081)
+    d = PollSettings()
+    ap.add_argument("--poll-early", type=float, default=d.early, help="seconds, young jobs")
+    ap.add_argument("--poll-recent", type=float, default=d.recent, help="seconds, recent steps")
+    ap.add_argument("--poll-stale", type=float, default=d.stale, help="seconds, stale jobs")
+    ap.add_argument("--early-window", type=float, default=d.early_window)
+    ap.add_argument("--recent-window", type=float, default=d.recent_window)
+    ap.add_argument("--poll-jitter", type=float, default=d.jitter)
+    ap.add_argument(
+        "--stall-floor",
+        type=float,
+        default=d.stall_floor,
+        help="least seconds without a step before Stalled",
+    )
+    ap.add_argument("--max-concurrent-execs", type=int, default=10)
+    ap.add_argument("--exec-qps", type=float, default=20.0)
+    ap.add_argument("--exec-burst", type=int, default=20)
+    ap.add_argument("--exec-timeout", type=float, default=10.0)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--qps", type=float, default=20.0, help="API client QPS")
+    ap.add_argument("--burst", type=int, default=30, help="API client burst")
+    ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+    return ap.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> PollSettings:
+    return PollSettings(
+        early=args.poll_early,
+        recent=args.poll_recent,
+        stale=args.poll_stale,
+        early_window=args.early_window,
+        recent_window=args.recent_window,
+        jitter=args.poll_jitter,
+        stall_floor=args.stall_floor,
+    )
+
+
+async def run(args: argparse.Namespace) -> None:
+    config = load_kubeconfig(args.kubeconfig) if args.kubeconfig else load_config()
+    config.qps, config.burst = args.qps, args.burst
+    client = Client(config)
+    election = (
+        LeaderElectionConfig(
+            args.lease_name,
+            args.namespace,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period,
+        )
+        if args.leader_elect
+        else None
+    )
+    manager = Manager(
+        client,
+        name="kubeckpt-reconciler",
+        leader_election=election,
+        host=args.bind_address,
+        port=args.port,
+    )
+    ProgressController(
+        manager,
+        settings=settings_from(args),
+        limiter=ExecLimiter(args.max_concurrent_execs, args.exec_qps, args.exec_burst),
+        exec_timeout=args.exec_timeout,
+        workers=args.workers,
+    )
+    install_signal_handlers(manager)
+    log.info("starting (leader election: %s)", "on" if election else "off")
+    try:
+        await manager.run()
+    finally:
+        await client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

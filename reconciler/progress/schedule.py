@@ -1,0 +1,108 @@
+"""When to poll each job next, and the global bound on execs.
+
+Intervals (the seed's): `early` while a job has not reported yet or is young, `recent` while its
+step changed lately, `stale` otherwise; never shorter than the file's own update period
+(stepSeconds x PROGRESS_UPDATE_FREQUENCY), with upward jitter (so the floor holds and jobs drift
+apart). All of them are settings, so tests can run at 1 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from reconciler.clock import REAL_CLOCK, Clock
+from reconciler.ratelimit import TokenBucket
+
+
+@dataclass(frozen=True)
+class PollSettings:
+    early: float = 15.0
+    recent: float = 30.0
+    stale: float = 60.0
+    early_window: float = 300.0  # a job is "early" this long after it is first seen
+    recent_window: float = 180.0  # a step change within this long is "recent"
+    jitter: float = 0.1  # up to +10%
+    stall_floor: float = 60.0  # Stalled needs at least this long without a step
+    stall_periods: float = 3.0  # ... and at least this many update periods
+
+    def scaled(self, factor: float) -> PollSettings:
+        return PollSettings(
+            *(
+                v * factor
+                for v in (
+                    self.early,
+                    self.recent,
+                    self.stale,
+                    self.early_window,
+                    self.recent_window,
+                )
+            ),
+            jitter=self.jitter,
+            stall_floor=self.stall_floor * factor,
+            stall_periods=self.stall_periods,
+        )
+
+
+def update_period(step_seconds: float | None, frequency: int) -> float | None:
+    """Seconds between progress file writes, when the record says how long a step takes."""
+    if step_seconds is None or step_seconds <= 0:
+        return None
+    return step_seconds * max(frequency, 1)
+
+
+def poll_interval(
+    settings: PollSettings,
+    *,
+    has_record: bool,
+    age: float,
+    since_change: float | None,
+    period: float | None,
+    rand: random.Random | None = None,
+) -> float:
+    """Seconds until the next read of a job."""
+    if not has_record or age < settings.early_window:
+        base = settings.early
+    elif since_change is not None and since_change < settings.recent_window:
+        base = settings.recent
+    else:
+        base = settings.stale
+    if period is not None:
+        base = max(base, period)
+    r = (rand or random).random()
+    return base * (1.0 + settings.jitter * r)
+
+
+def stall_after(settings: PollSettings, period: float | None) -> float:
+    """Seconds without a step before a job is Stalled: at least 3 update periods."""
+    if period is None:
+        return settings.stall_floor
+    return max(settings.stall_floor, settings.stall_periods * period)
+
+
+class ExecLimiter:
+    """At most `concurrency` execs at once and `rate` per second (burst `burst`) in all."""
+
+    def __init__(
+        self, concurrency: int = 10, rate: float = 20.0, burst: int = 20, clock: Clock = REAL_CLOCK
+    ) -> None:
+        self._sem = asyncio.Semaphore(concurrency)
+        self._bucket = TokenBucket(rate, burst, clock)
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.total = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        async with self._sem:
+            await self._bucket.wait()
+            self.in_flight += 1
+            self.total += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                yield
+            finally:
+                self.in_flight -= 1

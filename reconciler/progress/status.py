@@ -1,0 +1,302 @@
+"""TrainingProgress status: built from a progress record, conditions, and the events a change
+means. Pure: everything is derived from the status already stored and the new observation, so a
+restarted controller makes the same decisions (and no duplicate events) as the one before it.
+
+Field rules (config/crd/bases/kubeckpt.io_trainingprogresses.yaml): only the schema's fields are
+sent; strings over the schema's maxLength are cut (free text) or left out (decimals: a cut number
+would be wrong); every condition has a reason and a message.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from trainer_runtime.contract.progress import ProgressRecord, format_rfc3339, parse_rfc3339
+
+API_VERSION = "kubeckpt.io/v1alpha1"
+KIND = "TrainingProgress"
+FIELD_MANAGER = "kubeckpt"
+
+PROGRESSING, STALLED, CHECKPOINTING, COMPLETED = (
+    "Progressing",
+    "Stalled",
+    "Checkpointing",
+    "Completed",
+)
+MAX_CONDITION_MESSAGE = 1024
+
+# key -> (kind, maxLength); kind "int", "decimal" (dropped when too long), "text" (cut), "time"
+_FIELDS: dict[str, tuple[str, int]] = {
+    "epoch": ("int", 0),
+    "totalEpochs": ("int", 0),
+    "step": ("int", 0),
+    "totalSteps": ("int", 0),
+    "loss": ("decimal", 64),
+    "learningRate": ("decimal", 64),
+    "percentComplete": ("decimal", 64),
+    "estimatedTimeRemaining": ("text", 64),
+    "stepSeconds": ("decimal", 64),
+    "accuracy": ("decimal", 64),
+    "validationLoss": ("decimal", 64),
+    "validationAccuracy": ("decimal", 64),
+    "resumedFrom": ("text", 1024),
+    "lastUpdateTime": ("time", 0),
+}
+_CHECKPOINTING_FIELDS: dict[str, tuple[str, int]] = {
+    "enabled": ("bool", 0),
+    "latestCheckpoint": ("text", 4096),
+    "checkpointsCreated": ("int", 0),
+    "latestCheckpointTime": ("time", 0),
+    "lastSaveSeconds": ("decimal", 64),
+    "lastStallSeconds": ("decimal", 64),
+}
+# What the record gives; the rest of the status (conditions, source, ...) is the controller's.
+RECORD_KEYS = (*_FIELDS, "checkpointing")
+
+
+def _fit(spec: dict[str, tuple[str, int]], data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, (kind, limit) in spec.items():
+        if key not in data or data[key] is None:
+            continue
+        value = data[key]
+        if kind in ("decimal", "text") and len(value) > limit:
+            if kind == "decimal":
+                continue
+            value = value[: limit - 3] + "..."
+        elif kind == "time":
+            value = format_rfc3339(parse_rfc3339(value))  # one form: UTC, seconds
+        out[key] = value
+    return out
+
+
+def record_fields(record: ProgressRecord) -> dict[str, Any]:
+    """The status fields a (validated) record gives, fitted to the schema."""
+    data = record.to_dict()
+    out = _fit(_FIELDS, data)
+    if isinstance(data.get("checkpointing"), dict):
+        out["checkpointing"] = _fit(_CHECKPOINTING_FIELDS, data["checkpointing"])
+    return out
+
+
+def condition(conds: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
+    return next((c for c in conds if c.get("type") == type_), None)
+
+
+def set_condition(
+    conds: list[dict[str, Any]], type_: str, status: str, reason: str, message: str, now: datetime
+) -> list[dict[str, Any]]:
+    """A new list with `type_` set; lastTransitionTime kept unless the status changed."""
+    if len(message) > MAX_CONDITION_MESSAGE:
+        message = message[: MAX_CONDITION_MESSAGE - 3] + "..."
+    old = condition(conds, type_)
+    when = (
+        old["lastTransitionTime"]
+        if old is not None and old.get("status") == status and old.get("lastTransitionTime")
+        else format_rfc3339(now)
+    )
+    new = {
+        "type": type_,
+        "status": status,
+        "lastTransitionTime": when,
+        "reason": reason,
+        "message": message,
+    }
+    return [c for c in conds if c.get("type") != type_] + [new]
+
+
+def changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Whether writing `new` over `old` changes anything but lastPollTime."""
+
+    def norm(s: dict[str, Any] | None) -> dict[str, Any]:
+        s = dict(s or {})
+        s.pop("lastPollTime", None)
+        s["conditions"] = sorted(s.get("conditions") or [], key=lambda c: c.get("type", ""))
+        return s
+
+    return norm(old) != norm(new)
+
+
+@dataclass
+class Observation:
+    """What one reconcile saw."""
+
+    pod: str | None = None  # the rank-0 pod read (or that should have been)
+    record: ProgressRecord | None = None
+    source: str | None = None  # "exec" or "terminationMessage"
+    error_reason: str | None = None
+    error_message: str = ""
+    outcome: str | None = None  # "Succeeded" / "Failed" when the job finished
+    stall_after: float | None = None  # seconds without a step before Stalled
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal / Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    accepted: bool = False  # the record was taken (its values are in the status)
+
+
+def _step_of(status: dict[str, Any]) -> int | None:
+    step = status.get("step")
+    return step if isinstance(step, int) else None
+
+
+def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Decision:
+    """The status to store and the events to send, from the stored status and an observation."""
+    prev = copy.deepcopy(prev or {})
+    status: dict[str, Any] = dict(prev)
+    conds: list[dict[str, Any]] = list(prev.get("conditions") or [])
+    events: list[Event] = []
+    accepted = False
+    rec = obs.record
+    error = (obs.error_reason, obs.error_message) if obs.error_reason else None
+
+    if rec is not None:
+        new = record_fields(rec)
+        prev_step = _step_of(prev)
+        same_pod = obs.pod is not None and obs.pod == prev.get("observedPod")
+        same_resume = new.get("resumedFrom") == prev.get("resumedFrom")
+        if prev_step is not None and rec.step < prev_step and same_pod and same_resume:
+            error = (
+                "StepWentBackwards",
+                f"step went back from {prev_step} to {rec.step} in pod {obs.pod} without a new "
+                "resumedFrom; keeping the last good values",
+            )
+        else:
+            accepted = True
+            status = {k: v for k, v in prev.items() if k not in RECORD_KEYS}
+            status.update(new)
+            status["source"] = obs.source or "exec"
+            if obs.pod:
+                status["observedPod"] = obs.pod[:253]
+            resumed = bool(new.get("resumedFrom")) and not same_resume
+            went_back = prev_step is not None and rec.step < prev_step
+            if resumed or (went_back and not same_pod):
+                frm = new.get("resumedFrom") or "an earlier checkpoint"
+                events.append(Event("Normal", "Resumed", f"resumed from {frm} at step {rec.step}"))
+            total = f" of {rec.total_steps}" if rec.total_steps else ""
+            if resumed:
+                conds = set_condition(
+                    conds,
+                    PROGRESSING,
+                    "True",
+                    "Resumed",
+                    f"resumed from {new['resumedFrom']}; step {rec.step}{total}",
+                    now,
+                )
+            else:
+                conds = set_condition(
+                    conds, PROGRESSING, "True", "ProgressReported", f"step {rec.step}{total}", now
+                )
+            ck = new.get("checkpointing") or {}
+            prev_ck = prev.get("checkpointing") or {}
+            latest = ck.get("latestCheckpoint")
+            if ck.get("enabled") is False:
+                conds = set_condition(
+                    conds,
+                    CHECKPOINTING,
+                    "False",
+                    "CheckpointingDisabled",
+                    "checkpointing is disabled in the training container",
+                    now,
+                )
+            elif latest:
+                conds = set_condition(
+                    conds,
+                    CHECKPOINTING,
+                    "True",
+                    "CheckpointSaved",
+                    f"latest complete checkpoint: {latest}",
+                    now,
+                )
+            elif ck:
+                conds = set_condition(
+                    conds,
+                    CHECKPOINTING,
+                    "False",
+                    "NoCheckpointYet",
+                    "no complete checkpoint has been written yet",
+                    now,
+                )
+            if latest and latest != prev_ck.get("latestCheckpoint"):
+                jit = obs.source == "terminationMessage" and obs.outcome != "Succeeded"
+                if jit:
+                    events.append(
+                        Event(
+                            "Normal",
+                            "JITCheckpoint",
+                            f"checkpoint on shutdown at step {rec.step}: {latest}",
+                        )
+                    )
+                else:
+                    events.append(
+                        Event(
+                            "Normal", "CheckpointSaved", f"checkpoint at step {rec.step}: {latest}"
+                        )
+                    )
+            # Stalled clears when the step advances.
+            if prev_step is None or rec.step != prev_step:
+                if (c := condition(conds, STALLED)) is not None and c.get("status") == "True":
+                    conds = set_condition(
+                        conds, STALLED, "False", "StepAdvanced", f"step {rec.step}", now
+                    )
+
+    if error is not None:
+        reason, message = error
+        conds = set_condition(conds, PROGRESSING, "Unknown", reason, message, now)
+        if obs.pod and "observedPod" not in status:
+            status["observedPod"] = obs.pod[:253]
+
+    # Stalled: no step for longer than expected, while the job runs.
+    if obs.outcome is None and obs.stall_after is not None and status.get("lastUpdateTime"):
+        try:
+            age = (now - parse_rfc3339(status["lastUpdateTime"])).total_seconds()
+        except ValueError:
+            age = 0.0
+        if age > obs.stall_after:
+            old = condition(conds, STALLED)
+            if old is None or old.get("status") != "True":
+                msg = (
+                    f"no step since {status['lastUpdateTime']} (step {status.get('step')}); "
+                    f"expected one within {obs.stall_after:.0f}s"
+                )
+                conds = set_condition(conds, STALLED, "True", "NoStepAdvance", msg, now)
+                events.append(Event("Warning", "Stalled", msg))
+        elif condition(conds, STALLED) is None:
+            conds = set_condition(conds, STALLED, "False", "StepAdvanced", "steps advance", now)
+
+    if obs.outcome == "Succeeded":
+        old = condition(conds, COMPLETED)
+        msg = f"training finished at step {status.get('step', 0)}"
+        if old is None or old.get("status") != "True":
+            events.append(Event("Normal", "Completed", msg))
+            conds = set_condition(conds, COMPLETED, "True", "JobSucceeded", msg, now)
+        conds = set_condition(conds, PROGRESSING, "False", "Completed", msg, now)
+        if (c := condition(conds, STALLED)) is not None and c.get("status") == "True":
+            conds = set_condition(conds, STALLED, "False", "Completed", msg, now)
+    elif obs.outcome == "Failed":
+        conds = set_condition(
+            conds,
+            COMPLETED,
+            "False",
+            "JobFailed",
+            f"the job failed at step {status.get('step', 0)}",
+            now,
+        )
+        conds = set_condition(conds, PROGRESSING, "False", "JobFailed", "the job failed", now)
+
+    order = {PROGRESSING: 0, STALLED: 1, CHECKPOINTING: 2, COMPLETED: 3}
+    status["conditions"] = sorted(conds, key=lambda c: order.get(c["type"], 9))
+    status["lastPollTime"] = format_rfc3339(now)
+    return Decision(status, events, accepted)

@@ -1,0 +1,174 @@
+"""Helpers for the progress controller's tests on the local control plane."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from localcluster import LocalCluster
+from reconciler.client import Client
+from reconciler.config import ClientConfig, load_kubeconfig
+from reconciler.manager import Manager
+from reconciler.progress.controller import ProgressController
+from reconciler.progress.schedule import PollSettings
+
+FAST = PollSettings(
+    early=1.0,
+    recent=1.0,
+    stale=1.0,
+    early_window=0.0,
+    recent_window=5.0,
+    jitter=0.1,
+    stall_floor=600.0,
+)
+
+
+def admin_config(cluster: LocalCluster) -> ClientConfig:
+    cfg = load_kubeconfig(cluster.kubeconfig)
+    cfg.qps = None
+    return cfg
+
+
+def pin_kwok_node_addresses(cluster: LocalCluster) -> None:
+    """KWOK's node-initialize stage may empty a stale node's addresses (exec then fails with "no
+    preferred addresses found"); with an InternalIP and a Hostname it leaves them alone."""
+    nodes = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    for node in nodes:
+        name = node["metadata"]["name"]
+        addresses = [
+            {"type": "InternalIP", "address": "127.0.0.1"},
+            {"type": "Hostname", "address": name},
+        ]
+        cluster.kubectl(
+            "patch",
+            "node",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"addresses": addresses}}),
+        )
+
+
+async def eventually(
+    check: Callable[[], Any | Awaitable[Any]], what: str, within: float, interval: float = 0.1
+) -> Any:
+    """Poll `check` until it returns something truthy (returned); fail after `within` s."""
+    deadline = time.monotonic() + within
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def progress(step: int, **kw: Any) -> bytes:
+    data = {
+        "step": step,
+        "totalSteps": 100,
+        "loss": f"{1.0 / (step + 1):.4f}",
+        "percentComplete": f"{step:.1f}",
+        "estimatedTimeRemaining": "5m",
+        "stepSeconds": "0.01",
+        "lastUpdateTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    data.update(kw)
+    return json.dumps(data).encode()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def pytorchjob(name: str, namespace: str, progress_file: str, workers: int = 0) -> dict:
+    template = {
+        "metadata": {"labels": {"kubeckpt.io/injected": "true"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "image": "busybox",
+                    "env": [
+                        {"name": "TRAINING_PROGRESS_FILE", "value": progress_file},
+                        {"name": "PROGRESS_UPDATE_FREQUENCY", "value": "1"},
+                    ],
+                }
+            ]
+        },
+    }
+    specs: dict[str, Any] = {
+        "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}
+    }
+    if workers:
+        specs["Worker"] = {"replicas": workers, "restartPolicy": "OnFailure", "template": template}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"pytorchReplicaSpecs": specs},
+    }
+
+
+def start_job(cluster: LocalCluster, namespace: str, name: str, first: bytes) -> Path:
+    """A PyTorchJob whose master pod serves `<exec dir>/progress.json` (written first)."""
+    d = cluster.exec_dir(namespace, f"{name}-master-0")
+    write_atomic(d / "progress.json", first)
+    cluster.apply(pytorchjob(name, namespace, str(d / "progress.json")))
+    return d / "progress.json"
+
+
+@contextlib.asynccontextmanager
+async def running_controller(
+    client: Client, settings: PollSettings = FAST, **kw: Any
+) -> AsyncIterator[ProgressController]:
+    manager = Manager(client, name="progress-test", port=None, drain_timeout=1.0)
+    ctrl = ProgressController(manager, settings=settings, **kw)
+    task = asyncio.create_task(manager.run())
+    try:
+        await eventually(lambda: manager.is_leader, "the controller to start", within=30)
+        yield ctrl
+    finally:
+        manager.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def get_tp(client: Client, namespace: str, name: str) -> dict | None:
+    from reconciler.errors import NotFound
+    from reconciler.progress.controller import TRAININGPROGRESSES
+
+    try:
+        return await client.api(TRAININGPROGRESSES).get(name, namespace)
+    except NotFound:
+        return None
+
+
+def cond(tp: dict, type_: str) -> dict:
+    return next(
+        (c for c in (tp.get("status") or {}).get("conditions") or [] if c["type"] == type_), {}
+    )
+
+
+def job_events(cluster: LocalCluster, namespace: str, name: str) -> list[dict]:
+    out = cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "-o",
+        "json",
+        "--field-selector",
+        f"involvedObject.name={name},involvedObject.kind=PyTorchJob",
+    ).stdout
+    return json.loads(out)["items"]

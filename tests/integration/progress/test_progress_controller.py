@@ -1,0 +1,148 @@
+"""The progress controller on the real control plane: a PyTorchJob through the training-operator,
+pods on KWOK, the master's progress file served from an exec directory the test rewrites."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from progress_support import (
+    admin_config,
+    cond,
+    eventually,
+    get_tp,
+    job_events,
+    pin_kwok_node_addresses,
+    progress,
+    running_controller,
+    start_job,
+    write_atomic,
+)
+
+from localcluster import LocalCluster
+from reconciler.client import Client
+
+INTERVAL = 1.1  # FAST: 1 s plus up to 10% jitter
+WITHIN = INTERVAL + 4.0  # one interval, plus exec and watch latency on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def kwok(cluster: LocalCluster) -> LocalCluster:
+    pin_kwok_node_addresses(cluster)
+    return cluster
+
+
+@pytest.fixture
+async def client(kwok: LocalCluster) -> AsyncIterator[Client]:
+    c = Client(admin_config(kwok))
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def step_is(client: Client, ns: str, name: str, step: int) -> dict | None:
+    tp = await get_tp(client, ns, name)
+    return tp if tp and (tp.get("status") or {}).get("step") == step else None
+
+
+async def test_follows_the_file_keeps_good_values_on_bad_input_and_goes_with_the_job(
+    kwok: LocalCluster, client: Client, namespace: str
+) -> None:
+    ns = namespace
+    path = start_job(kwok, ns, "train", progress(1))
+    other = start_job(kwok, ns, "other", progress(7))
+    async with running_controller(client) as ctrl:
+        tp = await eventually(lambda: step_is(client, ns, "train", 1), "first record", 90)
+        job = json.loads(kwok.kubectl("get", "pytorchjob", "train", "-n", ns, "-o", "json").stdout)
+        assert tp["spec"]["jobRef"] == {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "name": "train",
+        }
+        owner = tp["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["uid"]) == ("PyTorchJob", job["metadata"]["uid"])
+        st = tp["status"]
+        assert st["source"] == "exec" and st["observedPod"] == "train-master-0"
+        assert st["loss"] == "0.5000" and st["lastPollTime"]
+        assert cond(tp, "Progressing")["status"] == "True"
+        await eventually(lambda: step_is(client, ns, "other", 7), "the other job", 30)
+
+        # Each change is followed within one interval.
+        for step in (2, 3):
+            ck = {
+                "enabled": True,
+                "latestCheckpoint": f"/ckpt/checkpoint-{step}",
+                "checkpointsCreated": step - 1,
+                "latestCheckpointTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            write_atomic(path, progress(step, checkpointing=ck))
+            t0 = time.monotonic()
+            await eventually(lambda s=step: step_is(client, ns, "train", s), f"step {step}", WITHIN)
+            assert time.monotonic() - t0 <= WITHIN
+
+        # Hostile files: a condition with reason and message; the last good values stay; the
+        # other job goes on.
+        hostile = [
+            (b'{"step": 9, "loss": "0.', "ProgressFileInvalid"),
+            (b'{"step": "nine"}', "ProgressFileInvalid"),
+            (b'{"step": 9, "resumedFrom": "' + b"x" * 70_000 + b'"}', "ProgressFileTooLarge"),
+            (b"", "ProgressFileEmpty"),
+            (progress(1), "StepWentBackwards"),
+        ]
+        for n, (data, reason) in enumerate(hostile):
+            write_atomic(path, data)
+            write_atomic(other, progress(8 + n))
+
+            async def flagged(reason: str = reason) -> dict | None:
+                tp = await get_tp(client, ns, "train")
+                return tp if tp and cond(tp, "Progressing").get("reason") == reason else None
+
+            tp = await eventually(flagged, reason, WITHIN)
+            c = cond(tp, "Progressing")
+            assert c["status"] == "Unknown" and c["message"], c
+            assert tp["status"]["step"] == 3 and tp["status"]["loss"] == "0.2500"
+            await eventually(lambda s=8 + n: step_is(client, ns, "other", s), "other job", WITHIN)
+        path.unlink()
+        await eventually(
+            lambda: _reason_is(client, ns, "train", "ProgressFileMissing"), "missing", WITHIN
+        )
+
+        # Back to good: Progressing again.
+        write_atomic(
+            path,
+            progress(4, checkpointing={"enabled": True, "latestCheckpoint": "/ckpt/checkpoint-3"}),
+        )
+        tp = await eventually(lambda: step_is(client, ns, "train", 4), "recovery", WITHIN)
+        assert cond(tp, "Progressing")["status"] == "True"
+
+        # No write when nothing changed.
+        writes = ctrl.stats["writes"]
+        reads = ctrl.stats["reads"]
+        await eventually(lambda: ctrl.stats["reads"] >= reads + 4, "more reads", 10)
+        write_atomic(other, progress(20))
+        await eventually(lambda: step_is(client, ns, "other", 20), "other", WITHIN)
+        assert ctrl.stats["writes"] == writes + 1
+
+        # One CheckpointSaved event per checkpoint, not one per poll.
+        reasons = [
+            (e["reason"], e["message"], e.get("count", 1)) for e in job_events(kwok, ns, "train")
+        ]
+        saved = [r for r in reasons if r[0] == "CheckpointSaved"]
+        assert len(saved) == 2 and all(c == 1 for *_, c in saved), reasons
+
+        # The job goes: its TrainingProgress goes with it.
+        kwok.kubectl("delete", "pytorchjob", "train", "-n", ns, "--wait=false")
+
+        async def gone() -> bool:
+            return await get_tp(client, ns, "train") is None
+
+        await eventually(gone, "the TrainingProgress to be garbage-collected", 60)
+        assert ctrl._state.get(f"{ns}/train") is None
+
+
+async def _reason_is(client: Client, ns: str, name: str, reason: str) -> bool:
+    tp = await get_tp(client, ns, name)
+    return bool(tp) and cond(tp, "Progressing").get("reason") == reason

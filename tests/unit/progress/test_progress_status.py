@@ -1,0 +1,162 @@
+"""The pure parts of the progress controller: status from a record, conditions, events, diff."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from reconciler.progress.status import (
+    Observation,
+    changed,
+    condition,
+    decide,
+    record_fields,
+    set_condition,
+)
+from trainer_runtime.contract.progress import parse_progress
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def rec(**kw: object):
+    data = {"step": 10, "totalSteps": 100, "loss": "0.5", "lastUpdateTime": "2026-01-01T12:00:00Z"}
+    data.update(kw)
+    return parse_progress(json.dumps({k: v for k, v in data.items() if v is not None}))
+
+
+def cond(status: dict, type_: str) -> dict:
+    c = condition(status["conditions"], type_)
+    assert c is not None, status
+    return c
+
+
+def test_record_fields_fit_the_schema() -> None:
+    r = rec(
+        estimatedTimeRemaining="x" * 500,
+        loss="1" * 100,  # a valid decimal, too long for the schema: left out, not cut
+        lastUpdateTime="2026-01-01T13:00:00+01:00",
+        checkpointing={"enabled": True, "latestCheckpoint": "/c/checkpoint-10", "extra": 1},
+        somethingNew={"a": 1},
+    )
+    f = record_fields(r)
+    assert len(f["estimatedTimeRemaining"]) == 64 and f["estimatedTimeRemaining"].endswith("...")
+    assert "loss" not in f
+    assert f["lastUpdateTime"] == "2026-01-01T12:00:00Z"
+    assert f["checkpointing"] == {"enabled": True, "latestCheckpoint": "/c/checkpoint-10"}
+    assert "somethingNew" not in f
+
+
+def test_first_record_sets_values_conditions_and_source() -> None:
+    dec = decide({}, Observation(pod="job-master-0", record=rec(), source="exec"), NOW)
+    s = dec.status
+    assert dec.accepted and s["step"] == 10 and s["loss"] == "0.5"
+    assert s["source"] == "exec" and s["observedPod"] == "job-master-0"
+    assert s["lastPollTime"] == "2026-01-01T12:00:00Z"
+    p = cond(s, "Progressing")
+    assert p["status"] == "True" and p["reason"] and p["message"]
+    assert dec.events == []
+
+
+def test_no_change_means_no_write_and_transition_time_kept() -> None:
+    first = decide({}, Observation(pod="p", record=rec(), source="exec"), NOW).status
+    later = NOW + timedelta(seconds=30)
+    again = decide(first, Observation(pod="p", record=rec(), source="exec"), later).status
+    assert not changed(first, again)
+    assert again["lastPollTime"] != first["lastPollTime"]
+    assert cond(again, "Progressing")["lastTransitionTime"] == "2026-01-01T12:00:00Z"
+    moved = decide(first, Observation(pod="p", record=rec(step=11), source="exec"), later)
+    assert changed(first, moved.status)
+
+
+def test_bad_input_keeps_last_good_values() -> None:
+    good = decide({}, Observation(pod="p", record=rec(step=20), source="exec"), NOW).status
+    obs = Observation(pod="p", error_reason="ProgressFileInvalid", error_message="step: bad")
+    bad = decide(good, obs, NOW + timedelta(seconds=5))
+    assert not bad.accepted and bad.status["step"] == 20 and bad.status["loss"] == "0.5"
+    p = cond(bad.status, "Progressing")
+    assert (p["status"], p["reason"], p["message"]) == (
+        "Unknown",
+        "ProgressFileInvalid",
+        "step: bad",
+    )
+    # and it recovers
+    ok = decide(bad.status, Observation(pod="p", record=rec(step=21), source="exec"), NOW)
+    assert cond(ok.status, "Progressing")["status"] == "True" and ok.status["step"] == 21
+
+
+def test_step_backwards_in_the_same_pod_is_an_error() -> None:
+    good = decide({}, Observation(pod="p", record=rec(step=50), source="exec"), NOW).status
+    dec = decide(good, Observation(pod="p", record=rec(step=40), source="exec"), NOW)
+    assert not dec.accepted and dec.status["step"] == 50
+    assert cond(dec.status, "Progressing")["reason"] == "StepWentBackwards"
+    assert dec.events == []
+
+
+def test_step_backwards_with_new_resumed_from_or_new_pod_is_a_resume() -> None:
+    good = decide({}, Observation(pod="p", record=rec(step=50), source="exec"), NOW).status
+    r = rec(step=40, resumedFrom="checkpoint-40")
+    dec = decide(good, Observation(pod="p", record=r, source="exec"), NOW)
+    assert (
+        dec.accepted and dec.status["step"] == 40 and dec.status["resumedFrom"] == "checkpoint-40"
+    )
+    assert [e.reason for e in dec.events] == ["Resumed"]
+    assert cond(dec.status, "Progressing")["reason"] == "Resumed"
+    # the same resumedFrom on the next poll: no second event
+    dec2 = decide(
+        dec.status,
+        Observation(pod="p", record=rec(step=41, resumedFrom="checkpoint-40"), source="exec"),
+        NOW,
+    )
+    assert dec2.events == []
+    # a new pod going back is a resume as well
+    dec3 = decide(good, Observation(pod="p2", record=rec(step=45), source="exec"), NOW)
+    assert dec3.accepted and [e.reason for e in dec3.events] == ["Resumed"]
+
+
+def test_checkpoint_events_once_per_checkpoint() -> None:
+    ck = {"enabled": True, "latestCheckpoint": "/c/checkpoint-10", "checkpointsCreated": 1}
+    d1 = decide({}, Observation(pod="p", record=rec(checkpointing=ck), source="exec"), NOW)
+    assert [e.reason for e in d1.events] == ["CheckpointSaved"]
+    assert cond(d1.status, "Checkpointing")["status"] == "True"
+    d2 = decide(
+        d1.status, Observation(pod="p", record=rec(step=11, checkpointing=ck), source="exec"), NOW
+    )
+    assert d2.events == []
+    ck2 = dict(ck, latestCheckpoint="/c/checkpoint-12")
+    obs = Observation(pod="p", record=rec(step=12, checkpointing=ck2), source="terminationMessage")
+    d3 = decide(d2.status, obs, NOW)
+    assert [e.reason for e in d3.events] == ["JITCheckpoint"]
+    assert d3.status["source"] == "terminationMessage"
+
+
+def test_completed_once() -> None:
+    s = decide({}, Observation(pod="p", record=rec(), source="exec"), NOW).status
+    d = decide(s, Observation(pod="p", outcome="Succeeded"), NOW)
+    assert cond(d.status, "Completed")["status"] == "True"
+    assert cond(d.status, "Progressing")["status"] == "False"
+    assert [e.reason for e in d.events] == ["Completed"]
+    assert decide(d.status, Observation(pod="p", outcome="Succeeded"), NOW).events == []
+
+
+def test_stalled_after_the_window_and_cleared_on_progress() -> None:
+    s = decide({}, Observation(pod="p", record=rec(), source="exec", stall_after=60), NOW).status
+    assert cond(s, "Stalled")["status"] == "False"
+    later = NOW + timedelta(seconds=61)
+    d = decide(s, Observation(pod="p", record=rec(), source="exec", stall_after=60), later)
+    assert cond(d.status, "Stalled")["status"] == "True"
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "Stalled")]
+    again = decide(
+        d.status, Observation(pod="p", record=rec(), source="exec", stall_after=60), later
+    )
+    assert again.events == [] and not changed(d.status, again.status)
+    moved = rec(step=11, lastUpdateTime="2026-01-01T12:01:01Z")
+    d2 = decide(d.status, Observation(pod="p", record=moved, source="exec", stall_after=60), later)
+    assert cond(d2.status, "Stalled")["status"] == "False"
+
+
+def test_set_condition_keeps_transition_time_for_the_same_status() -> None:
+    c = set_condition([], "Stalled", "False", "A", "m", NOW)
+    c2 = set_condition(c, "Stalled", "False", "B", "n", NOW + timedelta(hours=1))
+    assert c2[0]["lastTransitionTime"] == c[0]["lastTransitionTime"] and c2[0]["reason"] == "B"
+    c3 = set_condition(c2, "Stalled", "True", "C", "x" * 5000, NOW + timedelta(hours=1))
+    assert c3[0]["lastTransitionTime"] == "2026-01-01T13:00:00Z" and len(c3[0]["message"]) == 1024
