@@ -13,7 +13,9 @@ With at least 1 GiB of model + Adam state (parameters, exp_avg, exp_avg_sq), in 
     the same bytes raw into a buffer, both from the page cache and, where the kernel lets us drop
     it, from disk.
 Targets (issue 5): stall <= 4% of the sync save; persist >= 80% of raw; restore <= 1.25x raw.
-Raw and measured runs alternate, since a shared virtual disk's speed drifts; medians are reported.
+Raw and measured runs alternate. A shared virtual disk swings between two speeds whatever writes
+to it (here ~0.4-0.7 and ~2-2.5 GB/s), so throughput is compared best-of-N to best-of-N, the
+disk's capability on each side; medians are printed too.
 """
 
 from __future__ import annotations
@@ -236,9 +238,13 @@ def main() -> None:
         f"training step {med(plain_steps):.3f} s without a save, {med(around):.3f} s for the step "
         "that overlaps the copy and the writer thread (CPU contention on a CPU-only trainer)"
     )
+    best_raw = state_bytes / min(raw_w)
+    best_persist = written / min(persist_s)
     print(
-        f"persist {persist_bw / 1e9:.2f} GB/s; per-rep ratio to raw (median) "
-        f"{100 * med(ratios):.0f}% (target >= 80%)"
+        f"persist: best of {len(persist_s)} {best_persist / 1e9:.2f} GB/s vs raw best "
+        f"{best_raw / 1e9:.2f} GB/s = {100 * best_persist / best_raw:.0f}% (target >= 80%); "
+        f"medians {persist_bw / 1e9:.2f} vs {raw_bw / 1e9:.2f} GB/s; "
+        f"raw range {state_bytes / max(raw_w) / 1e9:.2f}-{best_raw / 1e9:.2f} GB/s"
     )
     r_raw, r_res, r_sha = (med(results[k]) for k in ("raw", "restore", "restore+sha256"))
     print(
