@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -153,22 +154,24 @@ async def exec_command(
         return result
 
     path = PODS.path(namespace, pod, "exec")
+    ws: aiohttp.ClientWebSocketResponse | None = None
     try:
         async with asyncio.timeout(timeout):
-            ws = await client.ws_connect(
-                path, params=params, protocols=tuple(protocols), close_timeout=min(timeout, 10.0)
-            )
-            try:
-                result.protocol = ws.protocol or ""
-                if stdin is not None:
-                    await _send_stdin(ws, stdin, close=result.protocol.startswith("v5."))
-                status = await _read(ws, out, err)
-            finally:
-                await ws.close()
+            ws = await client.ws_connect(path, params=params, protocols=tuple(protocols))
+            result.protocol = ws.protocol or ""
+            if stdin is not None:
+                await _send_stdin(ws, stdin, close=result.protocol.startswith("v5."))
+            status = await _read(ws, out, err)
     except TimeoutError:
         raise ExecTimeout(
             f"exec in {namespace}/{pod} timed out after {timeout}s", snapshot()
         ) from None
+    finally:
+        if ws is not None:
+            # The server has closed already unless we time out; then do not wait on its reply.
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                async with asyncio.timeout(1.0):
+                    await ws.close()
     snapshot()
     if status is None:
         raise ExecError(f"exec in {namespace}/{pod}: the connection closed without a status")
