@@ -96,6 +96,8 @@ class _JobState:
     next_poll: float = 0.0
     last_change: float | None = None
     pod: str | None = None
+    pod_uid: str | None = None
+    new_pod: bool = False  # the rank-0 pod was replaced and no record from the new one yet
     step: int | None = None
 
 
@@ -135,6 +137,7 @@ class ProgressController:
         # Our last write per job, newer than the cache until the watch delivers it.
         self._written: dict[str, KubeObject] = {}
         self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0}
+        self.manager_metrics = manager.metrics
         manager.metrics.registry.register(_ProgressCollector(self))
 
     # --- helpers ---
@@ -241,6 +244,9 @@ class ProgressController:
             frequency = d.update_frequency(container)
             cs = d.container_state(pod, container.get("name", ""))
             pod_name = name_of(pod)
+            pod_uid = (pod.get("metadata") or {}).get("uid")
+            if state.pod_uid is not None and pod_uid != state.pod_uid:
+                state.new_pod = True
             if cs.state == "terminated":
                 obs = Observation(pod=pod_name, source="terminationMessage", outcome=outcome)
                 if cs.message.strip():
@@ -250,14 +256,15 @@ class ProgressController:
                         obs.error_reason, obs.error_message = e.reason, e.message
             elif cs.state == "running" and outcome is None:
                 running = True
-                due = now >= state.next_poll or pod_name != state.pod
+                due = now >= state.next_poll or pod_uid != state.pod_uid
                 if not due:
                     return Result(requeue_after=max(state.next_poll - now, 0.01))
                 obs = await self._read(pod, container, d.PYTORCHJOB)
                 obs.outcome = outcome
             else:
                 obs = Observation(pod=pod_name, outcome=outcome)
-            state.pod = pod_name
+            obs.new_pod = state.new_pod
+            state.pod, state.pod_uid = pod_name, pod_uid
         rec_step_seconds = obs.record.step_seconds_value() if obs.record else None
         if rec_step_seconds is None:
             try:
@@ -269,6 +276,8 @@ class ProgressController:
             obs.stall_after = stall_after(self.settings, period)
         decision = decide(prev_status, obs, datetime.now(UTC))
         await self._write(key, job, tp, prev_status, decision)
+        if decision.accepted:
+            state.new_pod = False
         if decision.accepted and obs.record is not None and obs.record.step != state.step:
             state.step = obs.record.step
             state.last_change = now

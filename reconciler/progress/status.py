@@ -131,6 +131,7 @@ class Observation:
     error_message: str = ""
     outcome: str | None = None  # "Succeeded" / "Failed" when the job finished
     stall_after: float | None = None  # seconds without a step before Stalled
+    new_pod: bool = False  # a pod other than the one last read, even if it has the same name
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
     if rec is not None:
         new = record_fields(rec)
         prev_step = _step_of(prev)
-        same_pod = obs.pod is not None and obs.pod == prev.get("observedPod")
+        same_pod = obs.pod is not None and obs.pod == prev.get("observedPod") and not obs.new_pod
         same_resume = new.get("resumedFrom") == prev.get("resumedFrom")
         if prev_step is not None and rec.step < prev_step and same_pod and same_resume:
             error = (
