@@ -34,6 +34,8 @@ from reconciler.objects import KubeObject, name_of, namespace_of, object_key
 from reconciler.resources import PODS, Resource
 from trainer_runtime.contract.env import parse_duration
 from trainer_runtime.contract.progress import parse_rfc3339
+from webhook.mutation import opted_in
+from webhook.policy import select_policy
 
 from . import discovery as d
 from .reading import ExecFn, ReadError, parse, read_file
@@ -50,6 +52,8 @@ TRAININGPROGRESSES = Resource(
     "TrainingProgress",
     subresources=frozenset({"status"}),
 )
+CHECKPOINTPOLICIES = Resource("kubeckpt.io", "v1alpha1", "checkpointpolicies", "CheckpointPolicy")
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 JOB_INDEX = "kubeckpt.io/job"
 
 
@@ -128,11 +132,20 @@ class ProgressController:
             indexers={JOB_INDEX: pod_job_index},
         )
         self.tps = manager.informer(self.tp_api)
+        # Training pods the webhook did not mark, to tell when one should have been injected.
+        self.bare_pods = manager.informer(
+            client.api(PODS),
+            label_selector=f"{d.PYTORCHJOB_NAME_LABEL},{d.INJECTED_LABEL}!=true",
+            indexers={JOB_INDEX: pod_job_index},
+        )
+        self.namespaces = manager.informer(client.api(NAMESPACES))
+        self.policies = manager.informer(client.api(CHECKPOINTPOLICIES))
         self.events = manager.event_recorder("kubeckpt-reconciler")
         self.controller = manager.controller("progress", self.reconcile, workers=workers)
         self.controller.watch(self.jobs, update_predicate=_job_changed)
         self.controller.watch(self.pods, pod_to_job, update_predicate=_pod_changed)
         self.controller.watch(self.tps, update_predicate=_spec_changed)
+        self.controller.watch(self.bare_pods, pod_to_job, update_predicate=lambda o, n: False)
         self._state: dict[str, _JobState] = {}
         # Our last write per job, newer than the cache until the watch delivers it.
         self._written: dict[str, KubeObject] = {}
@@ -193,6 +206,23 @@ class ProgressController:
         self._written[key] = tp
         return tp
 
+    def _not_injected(self, key: str) -> list[str]:
+        """The job's pods that the webhook should have injected and did not: opted in, a
+        matching CheckpointPolicy, no marker (the webhook fails open when it is down)."""
+        out = []
+        for pod in self.bare_pods.store.by_index(JOB_INDEX, key):
+            md = pod.get("metadata") or {}
+            labels = md.get("labels") or {}
+            if md.get("deletionTimestamp") or d.STATUS_ANNOTATION in (md.get("annotations") or {}):
+                continue
+            ns = md.get("namespace", "")
+            if not opted_in(labels, self.namespaces.store.get(ns)):
+                continue
+            policy, _ = select_policy(self.policies.store.list(ns), labels)
+            if policy is not None:
+                out.append(md.get("name", ""))
+        return sorted(out)
+
     async def _read(self, pod: KubeObject, container: dict[str, Any], kind: str) -> Observation:
         obs = Observation(pod=name_of(pod), source="exec")
         path = d.progress_path(container)
@@ -221,7 +251,8 @@ class ProgressController:
             self._forget(key)
             return None  # the TrainingProgress goes with the job (ownerReference)
         pods = self.pods.store.by_index(JOB_INDEX, key)
-        if not pods:
+        missed = self._not_injected(key)
+        if not pods and not missed:
             return None  # not an injected job (yet): pod events bring it back
         tp = await self._ensure_tp(key, job)
         if tp is None:
@@ -274,6 +305,7 @@ class ProgressController:
         period = update_period(rec_step_seconds, frequency)
         if running:
             obs.stall_after = stall_after(self.settings, period)
+        obs.not_injected = missed
         decision = decide(prev_status, obs, datetime.now(UTC))
         await self._write(key, job, tp, prev_status, decision)
         if decision.accepted:

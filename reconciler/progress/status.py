@@ -26,6 +26,8 @@ PROGRESSING, STALLED, CHECKPOINTING, COMPLETED = (
     "Checkpointing",
     "Completed",
 )
+INJECTED = "Injected"  # only once a pod of the job was created without injection
+NOT_INJECTED_PREFIX = "created without kubeckpt injection (was the webhook down?): "
 MAX_CONDITION_MESSAGE = 1024
 
 # key -> (kind, maxLength); kind "int", "decimal" (dropped when too long), "text" (cut), "time"
@@ -132,6 +134,8 @@ class Observation:
     outcome: str | None = None  # "Succeeded" / "Failed" when the job finished
     stall_after: float | None = None  # seconds without a step before Stalled
     new_pod: bool = False  # a pod other than the one last read, even if it has the same name
+    # Pods that should have been injected and were not (None: not known, leave the condition).
+    not_injected: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -297,7 +301,39 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
         )
         conds = set_condition(conds, PROGRESSING, "False", "JobFailed", "the job failed", now)
 
-    order = {PROGRESSING: 0, STALLED: 1, CHECKPOINTING: 2, COMPLETED: 3}
+    if obs.not_injected is not None:
+        old = condition(conds, INJECTED)
+        if obs.not_injected:
+            names = sorted(obs.not_injected)
+            known: set[str] = set()
+            if old is not None and old.get("status") == "False":
+                text = str(old.get("message", ""))
+                if text.startswith(NOT_INJECTED_PREFIX):
+                    known = set(text[len(NOT_INJECTED_PREFIX) :].split(", "))
+            new_names = [n for n in names if n not in known]
+            conds = set_condition(
+                conds,
+                INJECTED,
+                "False",
+                "PodsNotInjected",
+                NOT_INJECTED_PREFIX + ", ".join(names),
+                now,
+            )
+            if new_names:
+                events.append(
+                    Event(
+                        "Warning",
+                        "NotInjected",
+                        f"pod(s) {', '.join(new_names)} {NOT_INJECTED_PREFIX}they run without "
+                        "checkpoint settings until recreated",
+                    )
+                )
+        elif old is not None:
+            conds = set_condition(
+                conds, INJECTED, "True", "AllPodsInjected", "every pod of the job is injected", now
+            )
+
+    order = {PROGRESSING: 0, STALLED: 1, CHECKPOINTING: 2, COMPLETED: 3, INJECTED: 4}
     status["conditions"] = sorted(conds, key=lambda c: order.get(c["type"], 9))
     status["lastPollTime"] = format_rfc3339(now)
     return Decision(status, events, accepted)

@@ -160,3 +160,23 @@ def test_set_condition_keeps_transition_time_for_the_same_status() -> None:
     assert c2[0]["lastTransitionTime"] == c[0]["lastTransitionTime"] and c2[0]["reason"] == "B"
     c3 = set_condition(c2, "Stalled", "True", "C", "x" * 5000, NOW + timedelta(hours=1))
     assert c3[0]["lastTransitionTime"] == "2026-01-01T13:00:00Z" and len(c3[0]["message"]) == 1024
+
+
+def test_not_injected_once_per_pod_and_cleared() -> None:
+    d1 = decide({}, Observation(not_injected=["j-worker-0"]), NOW)
+    c = cond(d1.status, "Injected")
+    assert (c["status"], c["reason"]) == ("False", "PodsNotInjected") and "j-worker-0" in c[
+        "message"
+    ]
+    assert [(e.type, e.reason) for e in d1.events] == [("Warning", "NotInjected")]
+    # the same pod on the next reconcile (or after a restart): no second event
+    assert decide(d1.status, Observation(not_injected=["j-worker-0"]), NOW).events == []
+    d2 = decide(d1.status, Observation(not_injected=["j-worker-0", "j-master-0"]), NOW)
+    assert [e.message.split()[1] for e in d2.events] == ["j-master-0"]
+    d3 = decide(d2.status, Observation(not_injected=[]), NOW)
+    assert cond(d3.status, "Injected")["status"] == "True" and d3.events == []
+    # never set for a job whose pods were all injected
+    assert (
+        condition(decide({}, Observation(not_injected=[]), NOW).status["conditions"], "Injected")
+        is None
+    )
