@@ -41,6 +41,7 @@ from . import discovery as d
 from .reading import ExecFn, ReadError, parse, read_file
 from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
 from .status import API_VERSION, FIELD_MANAGER, KIND, Decision, Observation, changed, decide
+from .trainjob import TRAINJOB_API_VERSION, TrainJobWatcher, trainer_status
 
 log = logging.getLogger("kubeckpt.progress")
 
@@ -58,9 +59,9 @@ JOB_INDEX = "kubeckpt.io/job"
 
 
 def pod_job_index(pod: KubeObject) -> list[str]:
-    """Index injected pods by "namespace/job" (PyTorchJob pods)."""
+    """Index training pods by "namespace/job" (the TrainingProgress's key, whatever the kind)."""
     job = d.job_of_pod(pod)
-    if job is None or job[0] != d.PYTORCHJOB:
+    if job is None:
         return []
     return [f"{namespace_of(pod)}/{job[1]}"]
 
@@ -116,6 +117,7 @@ class ProgressController:
         exec_timeout: float = 10.0,
         workers: int = 4,
         clock: Clock = REAL_CLOCK,
+        trainjob_interval: float = 30.0,
     ) -> None:
         client = manager.client
         self.client = client
@@ -149,6 +151,13 @@ class ProgressController:
         self._state: dict[str, _JobState] = {}
         # Our last write per job, newer than the cache until the watch delivers it.
         self._written: dict[str, KubeObject] = {}
+        self.trainjobs = TrainJobWatcher(
+            client,
+            lambda inf: self.controller.watch(inf, update_predicate=_job_changed),
+            interval=trainjob_interval,
+        )
+        manager.add_runnable(self.trainjobs.run, leader_only=False)
+        self._trainer_conflicts: set[str] = set()
         self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0}
         self.manager_metrics = manager.metrics
         manager.metrics.registry.register(_ProgressCollector(self))
@@ -157,6 +166,17 @@ class ProgressController:
     def _forget(self, key: str) -> None:
         self._state.pop(key, None)
         self._written.pop(key, None)
+        self._trainer_conflicts.discard(key)
+
+    def job(self, key: str) -> tuple[KubeObject | None, str]:
+        """The job with this key from the caches, and its kind."""
+        job = self.jobs.store.get(key)
+        if job is not None:
+            return job, d.PYTORCHJOB
+        inf = self.trainjobs.informer
+        if inf is not None and (job := inf.store.get(key)) is not None:
+            return job, d.TRAINJOB
+        return None, d.PYTORCHJOB
 
     def _stored(self, key: str, tp: KubeObject) -> KubeObject:
         mine = self._written.get(key)
@@ -169,11 +189,13 @@ class ProgressController:
         self._written.pop(key, None)
         return tp
 
-    async def _ensure_tp(self, key: str, job: KubeObject) -> KubeObject | None:
+    async def _ensure_tp(self, key: str, job: KubeObject, kind: str) -> KubeObject | None:
         tp = self.tps.store.get(key)
         if tp is not None:
             return tp
         md = job["metadata"]
+        default_version = TRAINJOB_API_VERSION if kind == d.TRAINJOB else PYTORCHJOBS.api_version
+        ref = {"apiVersion": job.get("apiVersion") or default_version, "kind": kind}
         body = {
             "apiVersion": API_VERSION,
             "kind": KIND,
@@ -182,22 +204,10 @@ class ProgressController:
                 "namespace": md["namespace"],
                 "labels": {"app.kubernetes.io/managed-by": "kubeckpt"},
                 "ownerReferences": [
-                    {
-                        "apiVersion": job.get("apiVersion", PYTORCHJOBS.api_version),
-                        "kind": job.get("kind", PYTORCHJOBS.kind),
-                        "name": md["name"],
-                        "uid": md["uid"],
-                        "controller": True,
-                    }
+                    {**ref, "name": md["name"], "uid": md["uid"], "controller": True}
                 ],
             },
-            "spec": {
-                "jobRef": {
-                    "apiVersion": job.get("apiVersion", PYTORCHJOBS.api_version),
-                    "kind": job.get("kind", PYTORCHJOBS.kind),
-                    "name": md["name"],
-                }
-            },
+            "spec": {"jobRef": {**ref, "name": md["name"]}},
         }
         try:
             tp = await self.tp_api.create(body)
@@ -246,7 +256,7 @@ class ProgressController:
     # --- reconcile ---
     async def reconcile(self, req: Request) -> Result | None:
         key = req.key
-        job = self.jobs.store.get(key)
+        job, kind = self.job(key)
         if job is None:
             self._forget(key)
             return None  # the TrainingProgress goes with the job (ownerReference)
@@ -254,7 +264,7 @@ class ProgressController:
         missed = self._not_injected(key)
         if not pods and not missed:
             return None  # not an injected job (yet): pod events bring it back
-        tp = await self._ensure_tp(key, job)
+        tp = await self._ensure_tp(key, job, kind)
         if tp is None:
             return None
         tp = self._stored(key, tp)
@@ -262,8 +272,8 @@ class ProgressController:
         now = self.clock.now()
         state = self._state.setdefault(key, _JobState(first_seen=now))
         outcome = d.job_outcome(job)
-        pod = d.rank0_pod(pods, d.PYTORCHJOB)
-        container = d.target_container(pod, d.PYTORCHJOB) if pod is not None else None
+        pod = d.rank0_pod(pods, kind)
+        container = d.target_container(pod, kind) if pod is not None else None
         running = False
         frequency = d.DEFAULT_UPDATE_FREQUENCY
         if pod is None or container is None:
@@ -290,7 +300,7 @@ class ProgressController:
                 due = now >= state.next_poll or pod_uid != state.pod_uid
                 if not due:
                     return Result(requeue_after=max(state.next_poll - now, 0.01))
-                obs = await self._read(pod, container, d.PYTORCHJOB)
+                obs = await self._read(pod, container, kind)
                 obs.outcome = outcome
             else:
                 obs = Observation(pod=pod_name, outcome=outcome)
@@ -308,6 +318,8 @@ class ProgressController:
         obs.not_injected = missed
         decision = decide(prev_status, obs, datetime.now(UTC))
         await self._write(key, job, tp, prev_status, decision)
+        if kind == d.TRAINJOB and self.trainjobs.has_trainer_status:
+            await self._write_trainer_status(key, job, decision.status)
         if decision.accepted:
             state.new_pod = False
         if decision.accepted and obs.record is not None and obs.record.step != state.step:
@@ -348,6 +360,25 @@ class ProgressController:
         for ev in dec.events:
             self.events.event(job, ev.type, ev.reason, ev.message)
 
+    async def _write_trainer_status(self, key: str, job: KubeObject, status: dict) -> None:
+        """TrainJob status.trainerStatus, not forced: another owner keeps it (Conflict)."""
+        if key in self._trainer_conflicts or self.trainjobs.api is None:
+            return
+        ts = trainer_status(status)
+        if ts is None or (job.get("status") or {}).get("trainerStatus") == ts:
+            return
+        md = job["metadata"]
+        body = status_patch(
+            TRAINJOB_API_VERSION, "TrainJob", md["name"], md["namespace"], {"trainerStatus": ts}
+        )
+        try:
+            await apply_status(self.trainjobs.api, body, field_manager=FIELD_MANAGER)
+        except Conflict as e:
+            log.info("%s: status.trainerStatus is managed by another manager: %s", key, e)
+            self._trainer_conflicts.add(key)
+        except NotFound:
+            pass
+
 
 def _float(value: Any) -> float | None:
     try:
@@ -383,7 +414,7 @@ class _ProgressCollector(Collector):
         now = time.time()
         for tp in list(self.ctrl.tps.store):
             key = object_key(tp)
-            if self.ctrl.jobs.store.get(key) is None:
+            if self.ctrl.job(key)[0] is None:
                 continue
             tp = self.ctrl._stored(key, tp) if key in self.ctrl._written else tp
             st = tp.get("status") or {}

@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--exec-burst", type=int, default=20)
     ap.add_argument("--exec-timeout", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument(
+        "--trainjob-discovery-interval",
+        type=float,
+        default=30.0,
+        help="seconds between checks for the TrainJob API (it may be installed later)",
+    )
     ap.add_argument("--qps", type=float, default=20.0, help="API client QPS")
     ap.add_argument("--burst", type=int, default=30, help="API client burst")
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
@@ -103,6 +109,7 @@ async def run(args: argparse.Namespace) -> None:
         limiter=ExecLimiter(args.max_concurrent_execs, args.exec_qps, args.exec_burst),
         exec_timeout=args.exec_timeout,
         workers=args.workers,
+        trainjob_interval=args.trainjob_discovery_interval,
     )
     install_signal_handlers(manager)
     log.info("starting (leader election: %s)", "on" if election else "off")

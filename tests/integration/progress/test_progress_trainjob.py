@@ -1,0 +1,228 @@
+"""TrainJob support on the real control plane: the CRD installed while the controller runs is
+noticed without a restart; status.trainerStatus is applied in Trainer's shape, and left alone
+when another field manager owns it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from progress_support import (
+    FAST,
+    admin_config,
+    eventually,
+    get_tp,
+    pin_kwok_node_addresses,
+    progress,
+    running_controller,
+    write_atomic,
+)
+
+from localcluster import LocalCluster
+from reconciler.client import Client
+
+TRAINJOB_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "trainjobs.trainer.kubeflow.org"},
+    "spec": {
+        "group": "trainer.kubeflow.org",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "TrainJob",
+            "plural": "trainjobs",
+            "singular": "trainjob",
+            "listKind": "TrainJobList",
+        },
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            },
+                            "status": {
+                                "type": "object",
+                                "properties": {
+                                    "trainerStatus": {
+                                        "type": "object",
+                                        "properties": {
+                                            "progressPercentage": {
+                                                "type": "integer",
+                                                "format": "int32",
+                                                "minimum": 0,
+                                                "maximum": 100,
+                                            },
+                                            "estimatedRemainingSeconds": {
+                                                "type": "integer",
+                                                "format": "int32",
+                                                "minimum": 0,
+                                            },
+                                            "metrics": {
+                                                "type": "array",
+                                                "x-kubernetes-list-type": "atomic",
+                                                "items": {
+                                                    "type": "object",
+                                                    "required": ["name", "value"],
+                                                    "properties": {
+                                                        "name": {"type": "string", "minLength": 1},
+                                                        "value": {"type": "string", "minLength": 1},
+                                                    },
+                                                },
+                                            },
+                                            "lastUpdatedTime": {
+                                                "type": "string",
+                                                "format": "date-time",
+                                            },
+                                        },
+                                    }
+                                },
+                            },
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture
+async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
+    pin_kwok_node_addresses(cluster)
+    c = Client(admin_config(cluster))
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def trainjob_with_pod(cluster: LocalCluster, ns: str, name: str, first: bytes):
+    cluster.apply(
+        {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {},
+        }
+    )
+    pod = f"{name}-node-0-0"
+    d = cluster.exec_dir(ns, pod)
+    write_atomic(d / "progress.json", first)
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod,
+                "namespace": ns,
+                "labels": {
+                    "kubeckpt.io/injected": "true",
+                    "jobset.sigs.k8s.io/jobset-name": name,
+                    "jobset.sigs.k8s.io/job-index": "0",
+                    "batch.kubernetes.io/job-completion-index": "0",
+                },
+            },
+            "spec": {
+                "containers": [
+                    {
+                        "name": "node",
+                        "image": "busybox",
+                        "env": [
+                            {"name": "TRAINING_PROGRESS_FILE", "value": str(d / "progress.json")}
+                        ],
+                    }
+                ]
+            },
+        }
+    )
+    return d / "progress.json"
+
+
+def trainjob(cluster: LocalCluster, ns: str, name: str) -> dict:
+    out = cluster.kubectl(
+        "get", "trainjob", name, "-n", ns, "-o", "json", "--show-managed-fields"
+    ).stdout
+    return json.loads(out)
+
+
+async def test_trainjob_noticed_later_and_trainer_status(
+    cluster: LocalCluster, client: Client, namespace: str
+) -> None:
+    ns = namespace
+    try:
+        async with running_controller(client, FAST, trainjob_interval=0.5) as ctrl:
+            assert ctrl.trainjobs.informer is None
+            cluster.apply(TRAINJOB_CRD)
+            cluster.kubectl(
+                "wait", "--for=condition=Established", "crd/trainjobs.trainer.kubeflow.org"
+            )
+            path = trainjob_with_pod(cluster, ns, "tj", progress(10, percentComplete="10.0"))
+            theirs = trainjob_with_pod(cluster, ns, "owned", progress(3))
+            # Someone else (Trainer itself) owns owned's trainerStatus.
+            cluster.kubectl(
+                "apply",
+                "--server-side",
+                "--field-manager=trainer",
+                "--subresource=status",
+                "-f",
+                "-",
+                input=json.dumps(
+                    {
+                        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                        "kind": "TrainJob",
+                        "metadata": {"name": "owned", "namespace": ns},
+                        "status": {
+                            "trainerStatus": {
+                                "progressPercentage": 7,
+                                "lastUpdatedTime": "2026-01-01T00:00:00Z",
+                            }
+                        },
+                    }
+                ),
+            )
+
+            def trainer(name: str, pct: int) -> dict | None:
+                ts = (trainjob(cluster, ns, name).get("status") or {}).get("trainerStatus") or {}
+                return ts if ts.get("progressPercentage") == pct else None
+
+            ts = await eventually(lambda: trainer("tj", 10), "trainerStatus", 90)
+            metrics = {m["name"]: m["value"] for m in ts["metrics"]}
+            assert metrics["currentStep"] == "10" and metrics["loss"]
+            assert ts["estimatedRemainingSeconds"] == 300
+            tp = await get_tp(client, ns, "tj")
+            assert tp is not None and tp["spec"]["jobRef"] == {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                "kind": "TrainJob",
+                "name": "tj",
+            }
+            write_atomic(path, progress(20, percentComplete="20.0"))
+            await eventually(lambda: trainer("tj", 20), "trainerStatus follows", 10)
+
+            # The other owner's trainerStatus stays; our TrainingProgress still follows.
+            async def owned_tp_step(step: int) -> bool:
+                tp = await get_tp(client, ns, "owned")
+                return bool(tp) and (tp.get("status") or {}).get("step") == step
+
+            await eventually(lambda: owned_tp_step(3), "owned's TrainingProgress", 30)
+            write_atomic(theirs, progress(4))
+            await eventually(lambda: owned_tp_step(4), "owned's TrainingProgress", 10)
+            assert trainer("owned", 7) is not None
+            managers = {
+                f["manager"]
+                for f in trainjob(cluster, ns, "owned")["metadata"]["managedFields"]
+                if f.get("subresource") == "status"
+            }
+            assert managers == {"trainer"}
+    finally:
+        cluster.kubectl(
+            "delete", "crd", "trainjobs.trainer.kubeflow.org", "--wait=false", check=False
+        )
