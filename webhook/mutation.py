@@ -216,9 +216,15 @@ def mutate(
     progress: Mapping[str, Any] | None = None,
     *,
     namespace_name: str | None = None,
+    copy_pod: bool = True,
 ) -> MutationResult:
-    """Decide and build the mutation for one pod. Never raises on odd pods: skips them."""
-    original = copy.deepcopy(dict(pod))
+    """Decide and build the mutation for one pod. Never raises on odd pods: skips them.
+
+    `pod` is left as it was. With `copy_pod=False` the caller hands over a dict that nothing else
+    uses (the server's freshly parsed request object): it is patched in place and becomes the
+    result's `pod`, instead of being deep-copied first (a third of the admission handler's time).
+    """
+    original = pod if not copy_pod and isinstance(pod, dict) else copy.deepcopy(dict(pod))
     meta = original.get("metadata") or {}
     labels: dict[str, str] = meta.get("labels") or {}
     annotations: dict[str, str] = meta.get("annotations") or {}
@@ -371,9 +377,8 @@ def mutate(
         STATUS_ANNOTATION,
         json.dumps(status, separators=(",", ":"), sort_keys=True),
     )
-    # `original` is this call's own deep copy and is not used again: patch it in place rather than
-    # let jsonpatch deep-copy the whole pod a second time (a quarter of the admission handler's
-    # time in hack/bench/webhook_bench.py).
+    # `original` is this call's own copy (or the handed-over pod) and is not used again: patch it
+    # in place rather than let jsonpatch deep-copy the whole pod a second time.
     patched = jsonpatch.apply_patch(original, ops, in_place=True)
     return MutationResult(
         patched, ops, "injected", warnings=warnings, skipped=skipped, injected=True

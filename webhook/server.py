@@ -61,7 +61,11 @@ def decide(view: ClusterView, request: dict[str, Any]) -> MutationResult:
     policy, warnings = select_policy(view.policies(ns_name), labels)
     job = job_identity(labels)
     progress = view.progress(ns_name, job.name) if job else None
-    result = mutate(pod, policy, view.namespace(ns_name), progress, namespace_name=ns_name)
+    # The request was parsed for this call alone and is not read again: hand the pod over to be
+    # patched in place rather than copied.
+    result = mutate(
+        pod, policy, view.namespace(ns_name), progress, namespace_name=ns_name, copy_pod=False
+    )
     if result.injected:
         result.warnings[:0] = warnings
     return result

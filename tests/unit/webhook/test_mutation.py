@@ -126,6 +126,18 @@ def test_patch_reproduces_the_patched_pod_and_escapes_pointer_tokens() -> None:
     assert original == pod(), "the input is not modified"
 
 
+def test_a_handed_over_pod_is_patched_in_place_with_the_same_result() -> None:
+    """copy_pod=False (the server's path) skips the copy and changes nothing else."""
+    copied = mutate(pod(), policy(), NS)
+    mine = pod()
+    handed = mutate(mine, policy(), NS, copy_pod=False)
+    assert handed.pod is mine
+    assert handed.patch == copied.patch and handed.pod == copied.pod
+    assert jsonpatch.apply_patch(pod(), handed.patch) == handed.pod
+    again = mutate(handed.pod, policy(), NS, copy_pod=False)
+    assert again.patch == [] and again.reason == "already injected"
+
+
 def test_idempotent_on_reinvocation() -> None:
     r1 = mutate(pod(), policy(), NS)
     r2 = mutate(r1.pod, policy(), NS)
