@@ -1,6 +1,6 @@
 """The per-rank checkpoint format: raw tensor files and one small state file per rank.
 
-`rank-<r>.<k>.tensors` hold the tensors' bytes back to back, in shards of about 256 MiB;
+`rank-<r>.<k>.tensors` hold the tensors' bytes back to back, in shards of about 128 MiB;
 `rank-<r>.state.pt` (torch.save, loadable with weights_only=True) holds the tree's skeleton, each
 tensor's shard/offset/dtype/shape and the small per-rank state. Used for single-process jobs and
 for the local (ramdisk) tier, which only ever serves the same rank on the same node. It writes at
@@ -23,7 +23,7 @@ from .state import TENSOR_REF, fill_skeleton, iter_tensors, local_tensor, skelet
 
 FORMAT = "kubeckpt-plain/1"
 CHUNK = 32 * 1024 * 1024
-SHARD_BYTES = 256 * 1024 * 1024
+SHARD_BYTES = 128 * 1024 * 1024  # small enough to spread the hashing evenly over the threads
 # SHA-256 runs at ~1.7 GB/s a core, slower than a ramdisk or a fast disk: shards are hashed on
 # several threads (hashlib releases the GIL), up to half the cores.
 HASH_THREADS = min(8, max(2, (os.cpu_count() or 2) // 2))
@@ -58,6 +58,7 @@ class _Shard:
         self.fd = os.open(directory / self.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self.digest = hashlib.sha256()
         self.size = 0
+        self.hasher = 0
 
 
 def write_rank(
@@ -72,6 +73,7 @@ def write_rank(
     index = []
     shards: list[_Shard] = []
     pending = []
+    load = [0] * HASH_THREADS
     hashers = [
         ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kubeckpt-hash{i}")
         for i in range(HASH_THREADS)
@@ -83,8 +85,11 @@ def write_rank(
             view = _bytes_view(t)
             if not shards or (shards[-1].size and shards[-1].size + len(view) > SHARD_BYTES):
                 shards.append(_Shard(directory, rank, len(shards)))
+                # A new shard goes to the hash thread with the fewest bytes queued so far.
+                shards[-1].hasher = min(range(len(hashers)), key=load.__getitem__)
             shard = shards[-1]
-            hasher = hashers[(len(shards) - 1) % len(hashers)]
+            hasher = hashers[shard.hasher]
+            load[shard.hasher] += len(view)
             index.append(
                 {
                     "file": len(shards) - 1,
