@@ -1,0 +1,237 @@
+"""The HF Trainer integration, single process: progress, atomic periodic saves that plain HF
+resumes from, incomplete checkpoints skipped and cleaned, SIGTERM -> save and stop -> exact resume.
+
+A tiny GPT-2 built from a config, token ids fed directly: no downloads, no tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+from trainer_runtime import layout  # noqa: E402
+from trainer_runtime.config import Config  # noqa: E402
+from trainer_runtime.contract import INCOMPLETE_SENTINEL  # noqa: E402
+from trainer_runtime.hf import KubeckptCallback, kubeckpt_trainer, resume_checkpoint  # noqa: E402
+
+STEPS = 10
+SEQ = 8
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    def __init__(self, n: int = 64) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, 64, (n, SEQ), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def _model() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=64,
+        n_positions=SEQ,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    return GPT2LMHeadModel(cfg)
+
+
+def _args(out: Path, **kw) -> TrainingArguments:
+    base = dict(
+        output_dir=str(out),
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {
+        "CHECKPOINT_ENABLED": "true",
+        "CHECKPOINT_URI": str(tmp / "ckpt"),
+        "TRAINING_PROGRESS_FILE": str(tmp / "progress.json"),
+        "CHECKPOINT_CONTROL_DIR": str(tmp / "run"),
+        "KUBECKPT_TERMINATION_LOG": str(tmp / "termination-log"),
+        "PROGRESS_UPDATE_FREQUENCY": "1",
+        "CHECKPOINT_STRATEGY": "steps",
+        "CHECKPOINT_SAVE_STEPS": "4",
+    }
+    env.update(extra)
+    return env
+
+
+def _trainer(tmp: Path, callbacks=(), **args_kw) -> Trainer:
+    return Trainer(
+        model=_model(),
+        args=_args(tmp / "unused-output", **args_kw),
+        train_dataset=TokenDataset(),
+        callbacks=list(callbacks),
+    )
+
+
+def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, torch.Tensor]:
+    """The same run, uninterrupted and without kubeckpt."""
+    torch.set_num_threads(1)
+    trainer = _trainer(Path("/nonexistent"))
+    trainer.train()
+    return _params(trainer.model)
+
+
+def _kubeckpt(tmp: Path, **env_extra: str) -> Trainer:
+    config = Config.from_env(_env(tmp, **env_extra))
+    return kubeckpt_trainer(_trainer(tmp), config)
+
+
+def test_progress_and_periodic_save_resumable_by_plain_hf(tmp_path, reference):
+    trainer = _kubeckpt(tmp_path)
+    trainer.train()
+    root = tmp_path / "ckpt"
+    assert [(e.step, e.complete) for e in layout.scan(root)] == [(4, True), (8, True)]
+    _, problems = layout.verify_checkpoint(root / "checkpoint-8", checksums=True)
+    assert problems == []
+    assert (root / "checkpoint-8" / "trainer_state.json").exists()
+
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["step"] == STEPS and progress["totalSteps"] == STEPS
+    assert progress["percentComplete"] == "100.0"
+    for key in ("loss", "learningRate", "lastUpdateTime", "epoch"):
+        assert key in progress, key
+    assert progress["checkpointing"]["checkpointsCreated"] == 2
+    assert progress["checkpointing"]["latestCheckpoint"] == str(root / "checkpoint-8")
+    assert (tmp_path / "termination-log").exists()
+
+    # Plain transformers (no kubeckpt code) resumes from our checkpoint and ends as a full run does.
+    plain = _trainer(tmp_path)
+    plain.train(resume_from_checkpoint=str(root / "checkpoint-8"))
+    assert plain.state.global_step == STEPS
+    for name, value in _params(plain.model).items():
+        torch.testing.assert_close(value, reference[name], rtol=0, atol=0, msg=name)
+
+
+def test_retention_follows_save_total_limit(tmp_path):
+    config = Config.from_env(_env(tmp_path, CHECKPOINT_SAVE_STEPS="2"))
+    trainer = kubeckpt_trainer(_trainer(tmp_path, save_total_limit=2), config)
+    assert trainer.args.save_total_limit is None  # taken over
+    trainer.train()
+    assert [e.step for e in layout.scan(tmp_path / "ckpt")] == [8, 10]
+
+
+def test_incomplete_checkpoint_skipped_and_cleaned(tmp_path):
+    root = tmp_path / "ckpt"
+    trainer = _kubeckpt(tmp_path)
+    trainer.train()
+    # A save killed mid-write: a later step with the sentinel still there and no manifest.
+    shutil.copytree(root / "checkpoint-8", root / "checkpoint-9")
+    (root / "checkpoint-9" / "manifest.json").unlink()
+    (root / "checkpoint-9" / INCOMPLETE_SENTINEL).write_text("x")
+    # And one whose manifest was written but whose sentinel was not yet removed.
+    shutil.copytree(root / "checkpoint-8", root / "checkpoint-10")
+    (root / "checkpoint-10" / INCOMPLETE_SENTINEL).write_text("x")
+    # A complete-looking one with a truncated file fails verification and is skipped.
+    shutil.copytree(root / "checkpoint-8", root / "checkpoint-11")
+    with open(root / "checkpoint-11" / "trainer_state.json", "r+b") as f:
+        f.truncate(5)
+
+    assert resume_checkpoint(root) == str(root / "checkpoint-8")
+    assert not (root / "checkpoint-9").exists() and not (root / "checkpoint-10").exists()
+    assert (root / "checkpoint-11").exists()  # left for inspection, never resumed from
+
+
+class _SigtermAt(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_saves_stops_and_resumes_exactly(tmp_path, reference):
+    root = tmp_path / "ckpt"
+    env = {"CHECKPOINT_STRATEGY": "time", "CHECKPOINT_INTERVAL": "1h"}
+    first = _kubeckpt(tmp_path, **env)
+    # Ours is added after _SigtermAt's, so the signal lands before our per-step check.
+    first.callback_handler.callbacks.insert(0, _SigtermAt(5))
+    previous = signal.getsignal(signal.SIGTERM)
+    first.train()
+    assert signal.getsignal(signal.SIGTERM) == previous  # handler removed again
+    assert first.kubeckpt.stopped
+    assert first.state.global_step == 5
+    assert [(e.step, e.complete) for e in layout.scan(root)] == [(5, True)]
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["step"] == 5
+
+    second = _kubeckpt(tmp_path, **env)
+    second.train()
+    assert second.kubeckpt.resumed_from == str(root / "checkpoint-5")
+    assert json.loads((tmp_path / "progress.json").read_text())["resumedFrom"] == "checkpoint-5"
+    assert second.state.global_step == STEPS
+    for name, value in _params(second.model).items():
+        torch.testing.assert_close(value, reference[name], rtol=0, atol=0, msg=name)
+
+
+def test_prestop_request_is_acknowledged(tmp_path):
+    run = tmp_path / "run"
+    env = {"CHECKPOINT_STRATEGY": "time", "CHECKPOINT_INTERVAL": "1h"}
+    trainer = _kubeckpt(tmp_path, **env)
+
+    class _Request(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                run.mkdir(exist_ok=True)
+                (run / "checkpoint-request").write_text("")
+
+    trainer.callback_handler.callbacks.insert(0, _Request())
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert (run / "checkpoint-done").exists() and not (run / "checkpoint-request").exists()
+    assert json.loads((run / "checkpoint-done").read_text())["step"] == 3
+    assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(3, True)]
+
+
+def test_from_env_reads_the_environment(tmp_path, monkeypatch):
+    for key, value in _env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    callback = KubeckptCallback.from_env()
+    assert callback.root == str(tmp_path / "ckpt")
+    trainer = _trainer(tmp_path, callbacks=[callback])
+    assert trainer.args.output_dir == str(tmp_path / "ckpt")

@@ -1,0 +1,289 @@
+"""A TrainerCallback that puts the HF Trainer on kubeckpt's checkpoint protocol.
+
+What it does, and how:
+
+- Progress: rank 0 writes $TRAINING_PROGRESS_FILE every PROGRESS_UPDATE_FREQUENCY steps (step,
+  epoch, loss and learning rate from the Trainer's logs, eval metrics, smoothed step time, ETA).
+- Saves: it drives `control.should_save` from CHECKPOINT_STRATEGY (time / steps / epoch) and also
+  adopts the saves the Trainer's own `save_strategy` asks for. The Trainer's `_save_checkpoint`
+  writes the files (HF layout, so plain `Trainer.train(resume_from_checkpoint=...)` reads them);
+  this callback makes the save atomic around it: before it, rank 0 creates `checkpoint-<step>/`
+  holding only the sentinel; after it (`on_save`, every rank, then a barrier), rank 0 fsyncs every
+  file, writes `manifest.json` and removes the sentinel.
+- JIT: SIGTERM or the preStop request file sets a flag; every step the ranks agree (all_reduce MAX
+  on their own gloo group) whether any rank wants to stop, so all save at the same step and then
+  stop with `control.should_training_stop`. The preStop request is acknowledged after the save.
+- Retention: the callback owns it (the Trainer's `save_total_limit` is taken over and set to None,
+  because the Trainer's rotation would count incomplete checkpoints and could delete complete
+  ones); it keeps `save_total_limit` if the user set one, else CHECKPOINT_MAX_CHECKPOINTS.
+- Resume: `resume_checkpoint(root)` removes incomplete checkpoints and returns the newest complete,
+  verified one; `kubeckpt_trainer(trainer)` passes it to `train()` when CHECKPOINT_RESUME is on.
+
+What blocks: the save is the Trainer's own synchronous `_save_checkpoint` (model, optimizer,
+scheduler, RNG, trainer state) plus our fsync and manifest; training waits for all of it. An
+asynchronous save (stage to memory, persist in a thread) is not done yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from .. import layout
+from ..config import Config
+from ..contract import build_manifest, checkpoint_dir_name
+from ..fsutil import fsync_dir, fsync_file
+from ..progress_writer import ProgressWriter
+from ..timing import Schedule, StepTimer
+from ..triggers import RequestFile, SignalTrigger
+
+log = logging.getLogger(__name__)
+
+_METRIC_KEYS = {
+    "eval_loss": "validationLoss",
+    "eval_accuracy": "validationAccuracy",
+    "accuracy": "accuracy",
+}
+
+
+def _rank_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:  # pragma: no cover - transformers needs torch here
+        pass
+    return 0, 1
+
+
+def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None) -> str | None:
+    """The newest complete, verified `checkpoint-<step>` under `root` (a local path), or None.
+
+    Rank 0 (or a single process) first removes incomplete checkpoints and interrupted deletions.
+    A complete checkpoint that fails verification is skipped (and left for inspection).
+    """
+    rank, _ = _rank_world()
+    if rank == 0:
+        layout.remove_incomplete(root)
+    checksums = config.should_verify_checksums if config is not None else True
+    for entry in reversed(layout.scan(root)):
+        if not entry.complete:
+            continue
+        path = Path(root, checkpoint_dir_name(entry.step))
+        _, problems = layout.verify_checkpoint(path, checksums=checksums)
+        if not problems:
+            return str(path)
+        log.warning("kubeckpt: skipping checkpoint %s: %s", path, "; ".join(problems[:3]))
+    return None
+
+
+class KubeckptCallback(TrainerCallback):
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        s = config.settings
+        self.root = s.checkpoint_uri.removeprefix("file://") if s.checkpoint_uri else None
+        if config.is_remote:
+            raise NotImplementedError(
+                "kubeckpt HF integration: only a local or mounted CHECKPOINT_URI so far"
+            )
+        self.keep = s.max_checkpoints
+        self.schedule = Schedule(s, local_enabled=False)
+        self.timer = StepTimer()
+        self.signal = SignalTrigger()
+        self.request = RequestFile(s.control_dir)
+        self.progress: ProgressWriter | None = None
+        self.comm: Any = None
+        self.rank, self.world_size = 0, 1
+        self.stopped = False  # a JIT save happened and training was stopped
+        self.resumed_from: str | None = None
+        self._saving_step: int | None = None
+        self._stop_after_save = False
+        self._last_logs: dict[str, Any] = {}
+        self._metrics: dict[str, Any] = {}
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> KubeckptCallback:
+        return cls(Config.from_env(**overrides))
+
+    # --- set-up and tear-down ---
+
+    def adopt(self, args: Any) -> None:
+        """Point the Trainer's output at CHECKPOINT_URI and take over its retention."""
+        if self.root is None:
+            return
+        args.output_dir = self.root
+        if args.save_total_limit:
+            self.keep = max(1, int(args.save_total_limit))
+            args.save_total_limit = None
+
+    def on_init_end(self, args, state, control, **kwargs):
+        if self.config.enabled:
+            self.adopt(args)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from ..torch.agreement import Collectives
+
+        self.comm = Collectives.create()
+        self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        s = self.config.settings
+        self.progress = ProgressWriter(
+            s.progress_file,
+            enabled=self.rank == 0,
+            every=s.progress_update_frequency,
+            total_steps=state.max_steps or None,
+            total_epochs=int(args.num_train_epochs) if args.max_steps <= 0 else None,
+            checkpointing_enabled=self.config.enabled,
+            termination_log=self.config.termination_log,
+        )
+        if self.resumed_from:
+            self.progress.resumed_from = os.path.basename(self.resumed_from)
+        if self.config.enabled and s.jit:
+            self.signal.install()
+        self.schedule.restart_interval()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.signal.uninstall()
+        if self.progress is not None:
+            self.progress.write_final(self._record(state))
+
+    # --- progress ---
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        for key, value in (logs or {}).items():
+            if key in ("loss", "learning_rate"):
+                self._last_logs[key] = value
+            elif key in _METRIC_KEYS:
+                self._metrics[_METRIC_KEYS[key]] = value
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.on_log(args, state, control, logs=metrics)
+
+    def _record(self, state):
+        step = state.global_step
+        return self.progress.build(
+            step,
+            epoch=int(state.epoch) if state.epoch is not None else None,
+            loss=self._last_logs.get("loss"),
+            learning_rate=self._last_logs.get("learning_rate"),
+            step_seconds=self.timer.step_seconds,
+            eta_seconds=self.timer.eta_seconds(step, state.max_steps or None),
+            metrics=self._metrics,
+        )
+
+    # --- save decisions ---
+
+    def _decide(self, state, control, *, end_of_epoch: bool) -> None:
+        if not self.config.enabled:
+            return
+        step = state.global_step
+        want_stop = self.config.settings.jit and (self.signal.fired or self.request.pending())
+        periodic = self.schedule.decide(step, end_of_epoch=end_of_epoch).persistent
+        if self.config.settings.checkpoint_strategy == "time" and self.rank != 0:
+            periodic = False  # rank 0's clock decides
+        hf_save = bool(control.should_save)  # the Trainer's own save_strategy
+        if self._saving_step == step:
+            return  # already decided at this step (on_step_end, then on_epoch_end)
+        stop, save = self.comm.all_max([int(want_stop), int(periodic or hf_save)])
+        if stop:
+            self._stop_after_save = True
+            control.should_training_stop = True
+        if stop or save:
+            control.should_save = True
+            self._begin(step)
+
+    def _begin(self, step: int) -> None:
+        """The directory with only the sentinel, before the Trainer writes into it."""
+        if self.rank == 0:
+            layout.begin(self.root, step)
+        self.comm.barrier()  # no rank writes its files before the sentinel is there
+        self._saving_step = step
+        self._save_started = _now()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.timer.observe(state.global_step)
+        self._decide(state, control, end_of_epoch=False)
+        if self.progress is not None and self.progress.due(state.global_step):
+            self.progress.write(self._record(state))
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.config.settings.checkpoint_strategy == "epoch" or control.should_save:
+            self._decide(state, control, end_of_epoch=True)
+
+    # --- after the Trainer's _save_checkpoint ---
+
+    def on_save(self, args, state, control, **kwargs):
+        if not self.config.enabled or self._saving_step != state.global_step:
+            return
+        step = state.global_step
+        path = Path(self.root, checkpoint_dir_name(step))
+        ok = True
+        try:
+            for dirpath, _, filenames in os.walk(path):
+                for name in filenames:
+                    fsync_file(Path(dirpath, name))
+        except OSError as e:
+            log.error("kubeckpt: cannot fsync %s: %s", path, e)
+            ok = False
+        ok = self.comm.all_ok(ok)  # every rank's files are written (and fsynced) by now
+        if ok and self.rank == 0:
+            try:
+                manifest = build_manifest(
+                    path,
+                    step=step,
+                    epoch=int(state.epoch or 0),
+                    world_size=self.world_size,
+                    framework="transformers",
+                    tier="persistent",
+                )
+                layout.finalize(path, manifest)
+                fsync_dir(self.root)
+                layout.retain(self.root, self.keep)
+            except (OSError, ValueError) as e:
+                log.error("kubeckpt: cannot complete checkpoint %s: %s", path, e)
+                ok = False
+        ok = self.comm.all_ok(ok)
+        self._saving_step = None
+        self.schedule.restart_interval()
+        if ok and self.progress is not None:
+            seconds = _now() - self._save_started
+            self.progress.checkpoint_saved(str(path), save_seconds=seconds, stall_seconds=seconds)
+            self.progress.write(self._record(state))
+        if self._stop_after_save:
+            self.stopped = True
+            if self.rank == 0 and self.request.pending():
+                self.request.acknowledge(ok, {"step": step, "path": str(path)})
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
+    """Attach kubeckpt to a built Trainer, in one line: `trainer = kubeckpt_trainer(Trainer(...))`.
+
+    Adds the callback (from the environment unless `config` is given), points `output_dir` at
+    CHECKPOINT_URI, and makes `trainer.train()` resume from the newest complete checkpoint when
+    CHECKPOINT_RESUME is on and no `resume_from_checkpoint` was passed.
+    """
+    callback = KubeckptCallback(config or Config.from_env())
+    trainer.add_callback(callback)
+    callback.adopt(trainer.args)
+    trainer.kubeckpt = callback
+    train = trainer.train
+
+    def train_with_resume(resume_from_checkpoint=None, *args: Any, **kwargs: Any):
+        cfg = callback.config
+        if resume_from_checkpoint is None and cfg.enabled and cfg.settings.resume:
+            resume_from_checkpoint = resume_checkpoint(callback.root, cfg)
+            callback.resumed_from = resume_from_checkpoint
+        return train(resume_from_checkpoint, *args, **kwargs)
+
+    trainer.train = train_with_resume
+    return trainer
