@@ -1,0 +1,95 @@
+"""An HF Trainer script for the 2-rank scenario (run under torchrun by test_torchrun.py).
+
+With CHECKPOINT_ENABLED=true it adopts kubeckpt in one line; otherwise it is a plain HF run.
+Each rank writes its pid (so a test can signal one rank) and, at the end, the step it stopped at;
+rank 0 also writes the final parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+SEQ = 8
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    def __init__(self, n: int = 64) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, 64, (n, SEQ), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class Sleep(TrainerCallback):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--status-dir", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    a = parser.parse_args()
+    rank = int(os.environ.get("RANK", "0"))
+    a.status_dir.mkdir(parents=True, exist_ok=True)
+    (a.status_dir / f"pid-{rank}").write_text(str(os.getpid()))
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=64,
+            n_positions=SEQ,
+            n_embd=16,
+            n_layer=1,
+            n_head=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
+    args = TrainingArguments(
+        output_dir=str(a.status_dir / "hf-output"),
+        max_steps=a.steps,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo",
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model, args=args, train_dataset=TokenDataset(), callbacks=[Sleep(a.sleep)]
+    )
+    if os.environ.get("CHECKPOINT_ENABLED") == "true":
+        from trainer_runtime.hf import kubeckpt_trainer
+
+        trainer = kubeckpt_trainer(trainer)
+    trainer.train()
+    (a.status_dir / f"stopped-{rank}.json").write_text(
+        json.dumps({"step": trainer.state.global_step})
+    )
+    if rank == 0:
+        state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        torch.save(state, a.status_dir / "final.pt")
+
+
+if __name__ == "__main__":
+    main()
