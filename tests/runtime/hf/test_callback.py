@@ -235,3 +235,26 @@ def test_from_env_reads_the_environment(tmp_path, monkeypatch):
     assert callback.root == str(tmp_path / "ckpt")
     trainer = _trainer(tmp_path, callbacks=[callback])
     assert trainer.args.output_dir == str(tmp_path / "ckpt")
+
+
+def test_trainer_own_save_strategy_is_made_atomic(tmp_path):
+    env = {"CHECKPOINT_STRATEGY": "time", "CHECKPOINT_INTERVAL": "1h"}
+    config = Config.from_env(_env(tmp_path, **env))
+    trainer = kubeckpt_trainer(_trainer(tmp_path, save_strategy="steps", save_steps=3), config)
+    trainer.train()
+    root = tmp_path / "ckpt"
+    # The Trainer saves at 3, 6, 9 and at the last step; CHECKPOINT_MAX_CHECKPOINTS (3) keeps the
+    # newest three, and every one has a manifest.
+    assert [(e.step, e.complete) for e in layout.scan(root)] == [(6, True), (9, True), (10, True)]
+
+
+def test_epoch_strategy(tmp_path):
+    config = Config.from_env(_env(tmp_path, CHECKPOINT_STRATEGY="epoch"))
+    trainer = Trainer(
+        model=_model(),
+        args=_args(tmp_path / "unused-output", max_steps=-1, num_train_epochs=2),
+        train_dataset=TokenDataset(16),  # 4 steps per epoch
+    )
+    kubeckpt_trainer(trainer, config).train()
+    assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(4, True), (8, True)]
+    assert json.loads((tmp_path / "progress.json").read_text())["totalEpochs"] == 2
