@@ -39,11 +39,25 @@ class Sleep(TrainerCallback):
         time.sleep(self.seconds)
 
 
+def die_in_save(trainer: Trainer, step: int) -> None:
+    """Kill the process inside the Trainer's save at `step`: after the model is written, before
+    the RNG and trainer state are (the crash a preemption without grace causes)."""
+    save_rng_state = trainer._save_rng_state
+
+    def dying(output_dir: str) -> None:
+        if trainer.state.global_step == step:
+            os._exit(137)
+        save_rng_state(output_dir)
+
+    trainer._save_rng_state = dying
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--status-dir", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--die-in-save", type=int, default=0, help="exit hard mid-save at step")
     a = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     a.status_dir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +85,7 @@ def main() -> None:
         save_strategy="no",
         report_to=[],
         use_cpu=True,
-        ddp_backend="gloo",
+        ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
         seed=0,
         disable_tqdm=True,
     )
@@ -82,6 +96,8 @@ def main() -> None:
         from trainer_runtime.hf import kubeckpt_trainer
 
         trainer = kubeckpt_trainer(trainer)
+    if a.die_in_save:
+        die_in_save(trainer, a.die_in_save)
     trainer.train()
     (a.status_dir / f"stopped-{rank}.json").write_text(
         json.dumps({"step": trainer.state.global_step})
