@@ -517,6 +517,10 @@ class LocalCluster:
                 f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
                 "--node-ip=127.0.0.1",
                 f"--node-port={self.ports['kwok']}",
+                # Node Leases as heartbeats: without them the node-lifecycle controller marks the
+                # nodes Unknown every ~50 s and KWOK's initialize stage rewrites their addresses,
+                # which breaks exec while it lasts.
+                "--node-lease-duration-seconds=40",
                 f"--server-address=127.0.0.1:{self.ports['kwok']}",
                 f"--tls-cert-file={d / 'kwok.crt'}",
                 f"--tls-private-key-file={d / 'kwok.key'}",
