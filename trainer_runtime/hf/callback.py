@@ -102,6 +102,7 @@ class KubeckptCallback(TrainerCallback):
         self.stopped = False  # a JIT save happened and training was stopped
         self.resumed_from: str | None = None
         self._saving_step: int | None = None
+        self._saved_step: int | None = None
         self._stop_after_save = False
         self._last_logs: dict[str, Any] = {}
         self._metrics: dict[str, Any] = {}
@@ -181,6 +182,11 @@ class KubeckptCallback(TrainerCallback):
         if not self.config.enabled:
             return
         step = state.global_step
+        if step == self._saved_step:
+            # Saved at this step already (on_step_end, then on_epoch_end at an epoch's last step):
+            # a second save would first delete the complete checkpoint, or write into it.
+            control.should_save = False
+            return
         want_stop = self.config.settings.jit and (self.signal.fired or self.request.pending())
         periodic = self.schedule.decide(step, end_of_epoch=end_of_epoch).persistent
         if self.config.settings.checkpoint_strategy == "time" and self.rank != 0:
@@ -248,6 +254,7 @@ class KubeckptCallback(TrainerCallback):
                 ok = False
         ok = self.comm.all_ok(ok)
         self._saving_step = None
+        self._saved_step = step if ok else None
         self.schedule.restart_interval()
         if ok and self.progress is not None:
             seconds = _now() - self._save_started

@@ -258,3 +258,26 @@ def test_epoch_strategy(tmp_path):
     kubeckpt_trainer(trainer, config).train()
     assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(4, True), (8, True)]
     assert json.loads((tmp_path / "progress.json").read_text())["totalEpochs"] == 2
+
+
+def test_stop_at_an_epochs_last_step_saves_once(tmp_path):
+    """on_step_end saves and stops; on_epoch_end follows at the same step and must not save again
+    (that would delete the complete checkpoint, or write into it after its manifest)."""
+    config = Config.from_env(
+        _env(tmp_path, CHECKPOINT_STRATEGY="epoch", CHECKPOINT_MAX_CHECKPOINTS="1")
+    )
+    trainer = Trainer(
+        model=_model(),
+        args=_args(tmp_path / "unused-output", max_steps=-1, num_train_epochs=2),
+        train_dataset=TokenDataset(16),  # 4 steps per epoch
+        callbacks=[_SigtermAt(4)],
+    )
+    trainer = kubeckpt_trainer(trainer, config)
+    trainer.train()
+    assert trainer.state.global_step == 4 and trainer.kubeckpt.stopped
+    root = tmp_path / "ckpt"
+    assert [(e.step, e.complete) for e in layout.scan(root)] == [(4, True)]
+    _, problems = layout.verify_checkpoint(root / "checkpoint-4", checksums=True)
+    assert problems == []
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["checkpointing"]["checkpointsCreated"] == 1
