@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from reconciler.apply import apply_status, status_patch
@@ -115,7 +115,7 @@ class ProgressController:
         limiter: ExecLimiter | None = None,
         exec_fn: ExecFn = exec_command,
         exec_timeout: float = 10.0,
-        workers: int = 4,
+        workers: int = 16,
         clock: Clock = REAL_CLOCK,
         trainjob_interval: float = 30.0,
     ) -> None:
@@ -440,3 +440,9 @@ class _ProgressCollector(Collector):
                 except ValueError:
                     pass
         yield from fams.values()
+        for key, help_ in (
+            ("reads", "Progress reads through pods/exec"),
+            ("writes", "TrainingProgress status writes"),
+            ("skipped_writes", "Reads that changed nothing, so nothing was written"),
+        ):
+            yield CounterMetricFamily(f"kubeckpt_progress_{key}", help_, value=self.ctrl.stats[key])

@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--exec-qps", type=float, default=20.0)
     ap.add_argument("--exec-burst", type=int, default=20)
     ap.add_argument("--exec-timeout", type=float, default=10.0)
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=16, help="reconciles at once (I/O bound)")
     ap.add_argument(
         "--trainjob-discovery-interval",
         type=float,

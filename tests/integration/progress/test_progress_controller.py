@@ -4,6 +4,7 @@ pods on KWOK, the master's progress file served from an exec directory the test 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -117,6 +118,23 @@ async def test_follows_the_file_keeps_good_values_on_bad_input_and_goes_with_the
         )
         tp = await eventually(lambda: step_is(client, ns, "train", 4), "recovery", WITHIN)
         assert cond(tp, "Progressing")["status"] == "True"
+
+        # kubectl reads well: the printer columns, and describe.
+        table = kwok.kubectl("get", "tp", "train", "-n", ns).stdout.splitlines()
+        assert table[0].split() == [
+            "NAME",
+            "JOB",
+            "STEP",
+            "PERCENT",
+            "LOSS",
+            "ETA",
+            "LAST-CHECKPOINT",
+            "AGE",
+        ], table
+        assert table[1].split()[:6] == ["train", "train", "4", "4.0", "0.2000", "5m"], table
+        described = kwok.kubectl("describe", "tp", "train", "-n", ns).stdout
+        assert "Progressing" in described, described
+        assert re.search(r"Observed Pod:\s+train-master-0", described), described
 
         # No write when nothing changed.
         writes = ctrl.stats["writes"]
