@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -281,3 +282,20 @@ def test_stop_at_an_epochs_last_step_saves_once(tmp_path):
     assert problems == []
     progress = json.loads((tmp_path / "progress.json").read_text())
     assert progress["checkpointing"]["checkpointsCreated"] == 1
+
+
+class _Slow(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.1)
+
+
+def test_time_strategy_saves_by_wall_clock(tmp_path):
+    config = Config.from_env(
+        _env(tmp_path, CHECKPOINT_STRATEGY="time", CHECKPOINT_INTERVAL="250ms")
+    )
+    trainer = kubeckpt_trainer(_trainer(tmp_path, callbacks=[_Slow()]), config)
+    trainer.train()
+    entries = layout.scan(tmp_path / "ckpt")
+    assert len(entries) == 3 and all(e.complete for e in entries)  # the newest 3 of 3 or 4
+    steps = [e.step for e in entries]
+    assert all(steps[i + 1] - steps[i] >= 2 for i in range(len(steps) - 1)), steps
