@@ -149,8 +149,24 @@ class KubeckptCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.signal.uninstall()
+        self._close_group()
         if self.progress is not None:
             self.progress.write_final(self._record(state))
+
+    def _close_group(self) -> None:
+        """Destroy our gloo group once every rank is done with it. Left to interpreter exit, a
+        rank whose peer has already exited can abort there ("terminate called without an active
+        exception", SIGABRT), failing a job that trained and saved correctly."""
+        if self.comm is None or not self.comm.distributed:
+            return
+        import torch.distributed as dist
+
+        try:
+            self.comm.barrier()
+            dist.destroy_process_group(self.comm.group)
+        except Exception as e:  # tear-down must not fail a finished run
+            log.warning("kubeckpt: cannot destroy the agreement group: %s", e)
+        self.comm = None
 
     # --- progress ---
 
