@@ -822,11 +822,12 @@ def test_sample_policy_is_valid(policy_root: dict[str, Any]) -> None:
     assert validate(policy_root, apply_defaults(policy_root, sample)) == []
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not on PATH")
 @pytest.mark.parametrize("overlay", ["default", "samples"])
 def test_kustomize_builds(overlay: str) -> None:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is not on PATH: install it, or run `make binaries` and add its path"
     proc = subprocess.run(
-        ["kubectl", "kustomize", str(CONFIG / overlay)],
+        [kubectl, "kustomize", str(CONFIG / overlay)],
         capture_output=True,
         text=True,
         timeout=60,

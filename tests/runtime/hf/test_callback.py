@@ -15,10 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
-
-from transformers import (  # noqa: E402
+from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     Trainer,
@@ -26,10 +23,10 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 
-from trainer_runtime import layout  # noqa: E402
-from trainer_runtime.config import Config  # noqa: E402
-from trainer_runtime.contract import INCOMPLETE_SENTINEL  # noqa: E402
-from trainer_runtime.hf import KubeckptCallback, kubeckpt_trainer, resume_checkpoint  # noqa: E402
+from trainer_runtime import layout
+from trainer_runtime.config import Config
+from trainer_runtime.contract import INCOMPLETE_SENTINEL
+from trainer_runtime.hf import KubeckptCallback, kubeckpt_trainer, resume_checkpoint
 
 STEPS = 10
 SEQ = 8

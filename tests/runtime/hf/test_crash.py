@@ -7,10 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 from harness import assert_same_files, finish, start, tail
-
-pytest.importorskip("transformers")
 
 from trainer_runtime import layout
 from trainer_runtime.contract import INCOMPLETE_SENTINEL
