@@ -272,23 +272,6 @@ def setup_exec_pod(cluster: Any) -> None:
         }
     )
     cluster.exec_dir(EXEC_NS, "exec-bench")
-    # KWOK nodes without leases flap their addresses every ~50 s (see
-    # tests/integration/reconciler/conftest.py); pin them so exec keeps working.
-    for node in json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]:
-        name = node["metadata"]["name"]
-        addresses = [
-            {"type": "InternalIP", "address": "127.0.0.1"},
-            {"type": "Hostname", "address": name},
-        ]
-        cluster.kubectl(
-            "patch",
-            "node",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            json.dumps({"status": {"addresses": addresses}}),
-        )
     wait_for(
         lambda: (
             cluster.kubectl(

@@ -35,27 +35,6 @@ def admin_config(cluster: LocalCluster) -> ClientConfig:
     return cfg
 
 
-def pin_kwok_node_addresses(cluster: LocalCluster) -> None:
-    """KWOK's node-initialize stage may empty a stale node's addresses (exec then fails with "no
-    preferred addresses found"); with an InternalIP and a Hostname it leaves them alone."""
-    nodes = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-    for node in nodes:
-        name = node["metadata"]["name"]
-        addresses = [
-            {"type": "InternalIP", "address": "127.0.0.1"},
-            {"type": "Hostname", "address": name},
-        ]
-        cluster.kubectl(
-            "patch",
-            "node",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            json.dumps({"status": {"addresses": addresses}}),
-        )
-
-
 async def eventually(
     check: Callable[[], Any | Awaitable[Any]], what: str, within: float, interval: float = 0.1
 ) -> Any:

@@ -14,7 +14,6 @@ from progress_support import (
     eventually,
     get_tp,
     job_events,
-    pin_kwok_node_addresses,
     progress,
     pytorchjob,
     running_controller,
@@ -24,12 +23,6 @@ from progress_support import (
 
 from localcluster import LocalCluster
 from reconciler.client import Client
-
-
-@pytest.fixture(scope="module")
-def kwok(cluster: LocalCluster) -> LocalCluster:
-    pin_kwok_node_addresses(cluster)
-    return cluster
 
 
 @pytest.fixture

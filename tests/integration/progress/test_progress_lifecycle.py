@@ -17,7 +17,6 @@ from progress_support import (
     eventually,
     get_tp,
     job_events,
-    pin_kwok_node_addresses,
     progress,
     running_controller,
     start_job,
@@ -31,12 +30,6 @@ from reconciler.manager import Manager
 from reconciler.progress.controller import ProgressController
 
 WITHIN = 6.0
-
-
-@pytest.fixture(scope="module")
-def kwok(cluster: LocalCluster) -> LocalCluster:
-    pin_kwok_node_addresses(cluster)
-    return cluster
 
 
 @pytest.fixture

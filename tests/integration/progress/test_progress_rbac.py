@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import yaml
-from progress_support import pin_kwok_node_addresses, progress, start_job, write_atomic
+from progress_support import progress, start_job, write_atomic
 
 from localcluster import LocalCluster
 
@@ -63,7 +63,6 @@ def wait(check, what: str, within: float) -> object:
 def test_reconciler_runs_with_exactly_its_role(
     cluster: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:
-    pin_kwok_node_addresses(cluster)
     cluster.kubectl("create", "namespace", "kubeckpt-system", check=False)
     cluster.apply((REPO / "config" / "rbac" / "reconciler_role.yaml").read_text())
     kubeconfig = sa_kubeconfig(

@@ -13,7 +13,6 @@ from progress_support import (
     admin_config,
     eventually,
     get_tp,
-    pin_kwok_node_addresses,
     progress,
     running_controller,
     write_atomic,
@@ -97,7 +96,6 @@ TRAINJOB_CRD = {
 
 @pytest.fixture
 async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
-    pin_kwok_node_addresses(cluster)
     c = Client(admin_config(cluster))
     try:
         yield c

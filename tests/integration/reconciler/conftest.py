@@ -28,36 +28,9 @@ def admin_config(cluster: LocalCluster, **overrides: object) -> ClientConfig:
     return cfg
 
 
-def pin_kwok_node_addresses(cluster: LocalCluster) -> None:
-    """Give every KWOK node both an InternalIP and a Hostname address.
-
-    Without node leases, KWOK's nodes go stale, the node-lifecycle controller marks them Unknown
-    every ~50 s, and KWOK's node-initialize stage rewrites their status: with only an InternalIP,
-    its template empties `addresses` (and restores it the next time), so exec fails with "no
-    preferred addresses found" half of the time. With both addresses present the template leaves
-    them alone. (To be fixed in hack/localcluster; this keeps our exec tests independent of it.)
-    """
-    nodes = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-    for node in nodes:
-        name = node["metadata"]["name"]
-        addresses = [
-            {"type": "InternalIP", "address": "127.0.0.1"},
-            {"type": "Hostname", "address": name},
-        ]
-        cluster.kubectl(
-            "patch",
-            "node",
-            name,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            json.dumps({"status": {"addresses": addresses}}),
-        )
-
-
 @pytest.fixture(scope="session")
 def stable_kwok_nodes(cluster: LocalCluster) -> LocalCluster:
-    pin_kwok_node_addresses(cluster)
+    """KWOK nodes keep their addresses now that KWOK renews node Leases (hack/localcluster)."""
     return cluster
 
 
