@@ -294,7 +294,13 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
     Adds the callback (from the environment unless `config` is given), points `output_dir` at
     CHECKPOINT_URI, and makes `trainer.train()` resume from the newest complete checkpoint when
     CHECKPOINT_RESUME is on and no `resume_from_checkpoint` was passed.
+
+    Idempotent: a trainer that already has kubeckpt attached (zero-code mode attaches it from
+    `Trainer.__init__`, and the script may call this again) is returned unchanged, so there is
+    never a second callback or a twice-wrapped `train()`.
     """
+    if getattr(trainer, "kubeckpt", None) is not None:
+        return trainer
     callback = KubeckptCallback(config or Config.from_env())
     trainer.add_callback(callback)
     callback.adopt(trainer.args)

@@ -296,3 +296,18 @@ def test_time_strategy_saves_by_wall_clock(tmp_path):
     assert len(entries) == 3 and all(e.complete for e in entries)  # the newest 3 of 3 or 4
     steps = [e.step for e in entries]
     assert all(steps[i + 1] - steps[i] >= 2 for i in range(len(steps) - 1)), steps
+
+
+def test_kubeckpt_trainer_is_idempotent(tmp_path):
+    """Zero-code mode attaches kubeckpt from Trainer.__init__; a script that also calls
+    kubeckpt_trainer must not get a second callback or a train() wrapped twice."""
+    config = Config.from_env(_env(tmp_path))
+    trainer = kubeckpt_trainer(_trainer(tmp_path), config)
+    callback, train = trainer.kubeckpt, trainer.train
+    again = kubeckpt_trainer(trainer, Config.from_env(_env(tmp_path, CHECKPOINT_SAVE_STEPS="2")))
+    assert again is trainer and again.kubeckpt is callback and again.train is train
+    ours = [c for c in trainer.callback_handler.callbacks if isinstance(c, KubeckptCallback)]
+    assert ours == [callback]
+    trainer.train()
+    # The first config (every 4 steps) is the one in force.
+    assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(4, True), (8, True)]
