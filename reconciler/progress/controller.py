@@ -134,12 +134,17 @@ class ProgressController:
             indexers={JOB_INDEX: pod_job_index},
         )
         self.tps = manager.informer(self.tp_api)
-        # Training pods the webhook did not mark, to tell when one should have been injected.
-        self.bare_pods = manager.informer(
-            client.api(PODS),
-            label_selector=f"{d.PYTORCHJOB_NAME_LABEL},{d.INJECTED_LABEL}!=true",
-            indexers={JOB_INDEX: pod_job_index},
-        )
+        # Training pods the webhook did not mark, to tell when one should have been injected:
+        # one informer per kind's pod label (a label selector cannot OR two labels, and one
+        # on `injected!=true` alone would cache every pod in the cluster).
+        self.bare_pods = [
+            manager.informer(
+                client.api(PODS),
+                label_selector=f"{label},{d.INJECTED_LABEL}!=true",
+                indexers={JOB_INDEX: pod_job_index},
+            )
+            for label in (d.PYTORCHJOB_NAME_LABEL, d.JOBSET_NAME_LABEL)
+        ]
         self.namespaces = manager.informer(client.api(NAMESPACES))
         self.policies = manager.informer(client.api(CHECKPOINTPOLICIES))
         self.events = manager.event_recorder("kubeckpt-reconciler")
@@ -147,7 +152,8 @@ class ProgressController:
         self.controller.watch(self.jobs, update_predicate=_job_changed)
         self.controller.watch(self.pods, pod_to_job, update_predicate=_pod_changed)
         self.controller.watch(self.tps, update_predicate=_spec_changed)
-        self.controller.watch(self.bare_pods, pod_to_job, update_predicate=lambda o, n: False)
+        for inf in self.bare_pods:
+            self.controller.watch(inf, pod_to_job, update_predicate=lambda o, n: False)
         self._state: dict[str, _JobState] = {}
         # Our last write per job, newer than the cache until the watch delivers it.
         self._written: dict[str, KubeObject] = {}
@@ -220,7 +226,9 @@ class ProgressController:
         """The job's pods that the webhook should have injected and did not: opted in, a
         matching CheckpointPolicy, no marker (the webhook fails open when it is down)."""
         out = []
-        for pod in self.bare_pods.store.by_index(JOB_INDEX, key):
+        # By name: a pod carrying both kinds' labels is in both caches.
+        bare = {name_of(p): p for inf in self.bare_pods for p in inf.store.by_index(JOB_INDEX, key)}
+        for pod in bare.values():
             md = pod.get("metadata") or {}
             labels = md.get("labels") or {}
             if md.get("deletionTimestamp") or d.STATUS_ANNOTATION in (md.get("annotations") or {}):

@@ -1,6 +1,7 @@
 """TrainJob support on the real control plane: the CRD installed while the controller runs is
 noticed without a restart; status.trainerStatus is applied in Trainer's shape, and left alone
-when another field manager owns it."""
+when another field manager owns it; a TrainJob's pods that should have been injected and were not
+get the same one NotInjected Event and condition as a PyTorchJob's."""
 
 from __future__ import annotations
 
@@ -224,3 +225,97 @@ async def test_trainjob_noticed_later_and_trainer_status(
         cluster.kubectl(
             "delete", "crd", "trainjobs.trainer.kubeflow.org", "--wait=false", check=False
         )
+
+
+def install_crd(cluster: LocalCluster) -> None:
+    # A previous test's CRD may still be terminating: applying over it would not bring it back.
+    cluster.kubectl(
+        "wait", "--for=delete", "crd/trainjobs.trainer.kubeflow.org", "--timeout=60s", check=False
+    )
+    cluster.apply(TRAINJOB_CRD)
+    cluster.kubectl("wait", "--for=condition=Established", "crd/trainjobs.trainer.kubeflow.org")
+
+
+def trainjob_reasons(cluster: LocalCluster, ns: str, name: str) -> dict[str, int]:
+    out = cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        ns,
+        "-o",
+        "json",
+        "--field-selector",
+        f"involvedObject.name={name},involvedObject.kind=TrainJob",
+    ).stdout
+    counts: dict[str, int] = {}
+    for e in json.loads(out)["items"]:
+        counts[e["reason"]] = counts.get(e["reason"], 0) + int(e.get("count") or 1)
+    return counts
+
+
+async def test_not_injected_trainjob_pods(
+    cluster: LocalCluster, client: Client, namespace: str
+) -> None:
+    """As if the webhook were down (it fails open): JobSet's pods of a TrainJob are created
+    without the marker in a namespace that opted in, with a matching CheckpointPolicy."""
+    ns = namespace
+    cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
+    cluster.apply(
+        {
+            "apiVersion": "kubeckpt.io/v1alpha1",
+            "kind": "CheckpointPolicy",
+            "metadata": {"name": "default", "namespace": ns},
+            "spec": {"storage": {"uri": "file:///tmp/ckpt"}},
+        }
+    )
+    try:
+        install_crd(cluster)
+        cluster.apply(
+            {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                "kind": "TrainJob",
+                "metadata": {"name": "bare-tj", "namespace": ns},
+                "spec": {},
+            }
+        )
+        for index in ("0", "1"):
+            cluster.apply(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"bare-tj-node-0-{index}",
+                        "namespace": ns,
+                        "labels": {
+                            "jobset.sigs.k8s.io/jobset-name": "bare-tj",
+                            "jobset.sigs.k8s.io/job-index": "0",
+                            "batch.kubernetes.io/job-completion-index": index,
+                        },
+                    },
+                    "spec": {"containers": [{"name": "node", "image": "busybox"}]},
+                }
+            )
+
+        async def not_injected() -> dict | None:
+            tp = await get_tp(client, ns, "bare-tj")
+            conds = ((tp or {}).get("status") or {}).get("conditions") or []
+            c = next((c for c in conds if c["type"] == "Injected"), {})
+            return c if c.get("status") == "False" else None
+
+        for run in range(2):  # the second run is a restarted controller: no second Event
+            async with running_controller(client, FAST, trainjob_interval=0.5) as ctrl:
+                c = await eventually(not_injected, "Injected=False", 90)
+                assert c["reason"] == "PodsNotInjected", c
+                assert "bare-tj-node-0-0" in c["message"] and "bare-tj-node-0-1" in c["message"]
+                await eventually(
+                    lambda: trainjob_reasons(cluster, ns, "bare-tj").get("NotInjected") == 1,
+                    "one NotInjected event",
+                    10,
+                )
+                if run == 1:
+                    await eventually(lambda: ctrl.stats["skipped_writes"] >= 1, "a reconcile", 10)
+        assert trainjob_reasons(cluster, ns, "bare-tj")["NotInjected"] == 1
+        tp = await get_tp(client, ns, "bare-tj")
+        assert tp is not None and tp["spec"]["jobRef"]["kind"] == "TrainJob"
+    finally:
+        cluster.kubectl("delete", "crd", "trainjobs.trainer.kubeflow.org", "--timeout=60s")
