@@ -10,24 +10,36 @@ What it does, and how:
   this callback makes the save atomic around it: before it, rank 0 creates `checkpoint-<step>/`
   holding only the sentinel; after it (`on_save`, every rank, then a barrier), rank 0 fsyncs every
   file, writes `manifest.json` and removes the sentinel.
+- Async saves (`kubeckpt_trainer`, single process and DDP): the Trainer's `_save_checkpoint` is
+  replaced by one that stages a CPU copy of what it would write (async_save.py) and persists it on
+  a save thread; training waits only for the copy. A save is finalized (manifest, sentinel removed,
+  retention) only once every rank's files are written and fsynced: each rank's "still writing /
+  failed" flags ride on the per-step agreement, so no extra collective is needed; a new save, a
+  JIT stop and the end of training wait for the one in flight. A failed write (ENOSPC, ...) is
+  logged and reported in the progress record, the checkpoint is never finalized (rank 0 removes
+  it), and training goes on. FSDP, DeepSpeed and KUBECKPT_ASYNC_SAVE=false keep the synchronous
+  path below.
 - JIT: SIGTERM or the preStop request file sets a flag; every step the ranks agree (all_reduce MAX
   on their own gloo group) whether any rank wants to stop, so all save at the same step and then
-  stop with `control.should_training_stop`. The preStop request is acknowledged after the save.
+  stop with `control.should_training_stop`. The preStop request is acknowledged after the save,
+  which is durable and finalized before `train()` returns.
 - Retention: the callback owns it (the Trainer's `save_total_limit` is taken over and set to None,
   because the Trainer's rotation would count incomplete checkpoints and could delete complete
   ones); it keeps `save_total_limit` if the user set one, else CHECKPOINT_MAX_CHECKPOINTS.
 - Resume: `resume_checkpoint(root)` removes incomplete checkpoints and returns the newest complete,
   verified one; `kubeckpt_trainer(trainer)` passes it to `train()` when CHECKPOINT_RESUME is on.
 
-What blocks: the save is the Trainer's own synchronous `_save_checkpoint` (model, optimizer,
-scheduler, RNG, trainer state) plus our fsync and manifest; training waits for all of it. An
-asynchronous save (stage to memory, persist in a thread) is not done yet.
+What blocks: with async saves, creating the directory with its sentinel (a barrier) and the CPU
+copy. On the synchronous path, the Trainer's own `_save_checkpoint` plus our fsync and manifest.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +48,7 @@ from transformers import TrainerCallback
 from .. import layout
 from ..config import Config
 from ..contract import build_manifest, checkpoint_dir_name
-from ..fsutil import fsync_dir, fsync_file
+from ..fsutil import fsync_dir, fsync_file, remove_tree
 from ..progress_writer import ProgressWriter
 from ..timing import Schedule, StepTimer
 from ..triggers import RequestFile, SignalTrigger
@@ -59,6 +71,18 @@ def _rank_world() -> tuple[int, int]:
     except ImportError:  # pragma: no cover - transformers needs torch here
         pass
     return 0, 1
+
+
+@dataclass
+class _Pending:
+    """An async save between staging and finalization."""
+
+    step: int
+    path: Path
+    epoch: int
+    started: float  # monotonic, when the save began (the directory with its sentinel)
+    stall: float  # seconds training waited for it
+    future: Future  # the persist: None, or this rank's error
 
 
 def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None) -> str | None:
@@ -106,6 +130,15 @@ class KubeckptCallback(TrainerCallback):
         self._stop_after_save = False
         self._last_logs: dict[str, Any] = {}
         self._metrics: dict[str, Any] = {}
+        self._state: Any = None
+        # Async saves (set up by kubeckpt_trainer): at most one between staging and finalization.
+        self.async_save = False
+        self.stager: Any = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: _Pending | None = None
+        self._finalizing: tuple[_Pending, Future] | None = None  # rank 0
+        self.failed_saves = 0
+        self.last_error: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> KubeckptCallback:
@@ -131,6 +164,7 @@ class KubeckptCallback(TrainerCallback):
 
         self.comm = Collectives.create()
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        self._state = state
         s = self.config.settings
         self.progress = ProgressWriter(
             s.progress_file,
@@ -148,6 +182,10 @@ class KubeckptCallback(TrainerCallback):
         self.schedule.restart_interval()
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._drain()  # the last save is durable and finalized before train() returns
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         self.signal.uninstall()
         self._close_group()
         if self.progress is not None:
@@ -210,7 +248,12 @@ class KubeckptCallback(TrainerCallback):
         hf_save = bool(control.should_save)  # the Trainer's own save_strategy
         if self._saving_step == step:
             return  # already decided at this step (on_step_end, then on_epoch_end)
-        stop, save = self.comm.all_max([int(want_stop), int(periodic or hf_save)])
+        busy, failed = self._pending_flags()
+        stop, save, busy, failed = self.comm.all_max(
+            [int(want_stop), int(periodic or hf_save), busy, failed]
+        )
+        if self._pending is not None and not busy:
+            self._conclude(ok=not failed)  # every rank's files are written and fsynced
         if stop:
             self._stop_after_save = True
             control.should_training_stop = True
@@ -220,14 +263,18 @@ class KubeckptCallback(TrainerCallback):
 
     def _begin(self, step: int) -> None:
         """The directory with only the sentinel, before the Trainer writes into it."""
+        self._drain()  # one save in flight at most
+        started = _now()
         if self.rank == 0:
             layout.begin(self.root, step)
         self.comm.barrier()  # no rank writes its files before the sentinel is there
         self._saving_step = step
-        self._save_started = _now()
+        self._save_started = started
 
     def on_step_end(self, args, state, control, **kwargs):
         self.timer.observe(state.global_step)
+        if self._finalizing is not None:
+            self._collect_finalize(wait=False)
         self._decide(state, control, end_of_epoch=False)
         if self.progress is not None and self.progress.due(state.global_step):
             self.progress.write(self._record(state))
@@ -238,8 +285,121 @@ class KubeckptCallback(TrainerCallback):
 
     # --- after the Trainer's _save_checkpoint ---
 
+    # --- async saves ---
+
+    def stages(self, step: int) -> bool:
+        """Whether the save the Trainer starts now is ours to stage (else its own runs)."""
+        return self.async_save and self.config.enabled and self._saving_step == step
+
+    def submit(self, snapshot: Any, step: int, epoch: int) -> None:
+        """Hand a staged snapshot to the save thread (called right after staging)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubeckpt-save")
+        path = Path(self.root, checkpoint_dir_name(step))
+        self._pending = _Pending(
+            step=step,
+            path=path,
+            epoch=epoch,
+            started=self._save_started,
+            stall=_now() - self._save_started,
+            future=self._executor.submit(_persist, snapshot),
+        )
+        self._saving_step = None
+        self._saved_step = step
+        self.schedule.restart_interval()
+
+    def _pending_flags(self) -> tuple[int, int]:
+        """(still writing, failed) for this rank's save in flight."""
+        if self._pending is None:
+            return 0, 0
+        if not self._pending.future.done():
+            return 1, 0
+        return 0, int(self._pending.future.result() is not None)
+
+    def _conclude(self, ok: bool) -> bool:
+        """Every rank agreed the save in flight is written (ok) or failed somewhere (not ok)."""
+        pending, self._pending = self._pending, None
+        assert pending is not None and self._executor is not None
+        if not ok:
+            error = pending.future.result() or "another rank could not write its files"
+            self._failed(pending.step, error)
+        if self.rank == 0:
+            work = self._finalize if ok else _discard
+            self._finalizing = (pending, self._executor.submit(work, pending))
+        return ok
+
+    def _finalize(self, pending: _Pending) -> str | None:
+        """Rank 0, on the save thread: manifest (hashing every file), sentinel, retention."""
+        try:
+            manifest = build_manifest(
+                pending.path,
+                step=pending.step,
+                epoch=pending.epoch,
+                world_size=self.world_size,
+                framework="transformers",
+                tier="persistent",
+            )
+            layout.finalize(pending.path, manifest)
+            fsync_dir(self.root)
+            layout.retain(self.root, self.keep)
+        except (OSError, ValueError) as e:
+            log.error("kubeckpt: cannot complete checkpoint %s: %s", pending.path, e)
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    def _collect_finalize(self, *, wait: bool) -> bool | None:
+        """Rank 0: record the finalization once it is done; its success, None if still running."""
+        assert self._finalizing is not None
+        pending, future = self._finalizing
+        if not wait and not future.done():
+            return None
+        self._finalizing = None
+        error = future.result()
+        if error is not None:
+            if not error.startswith("discarded"):
+                self._failed(pending.step, error)
+            return False
+        if self.progress is not None:
+            seconds = _now() - pending.started
+            self.progress.checkpoint_saved(
+                str(pending.path), save_seconds=seconds, stall_seconds=pending.stall
+            )
+            if self._state is not None:
+                self.progress.write(self._record(self._state))
+        return True
+
+    def _drain(self) -> bool | None:
+        """Wait for the save in flight (every rank must call this at the same point): persisted,
+        agreed, and on rank 0 finalized. Its success (rank 0: finalized), None if there was none."""
+        result = None
+        if self._pending is not None:
+            own_error = self._pending.future.result()
+            result = self._conclude(self.comm.all_ok(own_error is None))
+        if self._finalizing is not None:
+            result = self._collect_finalize(wait=True)
+        return result
+
+    def _failed(self, step: int, error: str) -> None:
+        self.failed_saves += 1
+        self.last_error = error
+        log.error("kubeckpt: checkpoint at step %d failed: %s", step, error)
+        if self.progress is not None:
+            c = self.progress.checkpointing
+            c.extra["failedSaves"] = self.failed_saves
+            c.extra["lastError"] = error[:300]
+
     def on_save(self, args, state, control, **kwargs):
-        if not self.config.enabled or self._saving_step != state.global_step:
+        if not self.config.enabled:
+            return
+        if self._pending is not None and self._pending.step == state.global_step:
+            if self._stop_after_save:  # JIT: durable and finalized before training returns
+                step, path = self._pending.step, self._pending.path
+                ok = bool(self._drain())
+                self.stopped = True
+                if self.rank == 0 and self.request.pending():
+                    self.request.acknowledge(ok, {"step": step, "path": str(path)})
+            return
+        if self._saving_step != state.global_step:
             return
         step = state.global_step
         path = Path(self.root, checkpoint_dir_name(step))
@@ -283,9 +443,26 @@ class KubeckptCallback(TrainerCallback):
 
 
 def _now() -> float:
-    import time
-
     return time.monotonic()
+
+
+def _persist(snapshot: Any) -> str | None:
+    """On the save thread: write this rank's files; None, or the error (never raised)."""
+    try:
+        snapshot.persist()
+    except Exception as e:  # ENOSPC, EIO, a serialization error: the save fails, training goes on
+        log.error("kubeckpt: cannot write checkpoint files in %s: %s", snapshot.output_dir, e)
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _discard(pending: _Pending) -> str:
+    """Rank 0, on the save thread: a save some rank could not write is removed (never complete)."""
+    try:
+        remove_tree(pending.path)
+    except OSError as e:
+        log.warning("kubeckpt: cannot remove failed checkpoint %s: %s", pending.path, e)
+    return "discarded"
 
 
 def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
@@ -305,6 +482,8 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
     trainer.add_callback(callback)
     callback.adopt(trainer.args)
     trainer.kubeckpt = callback
+    if callback.config.enabled:
+        _install_async_save(trainer, callback)
     train = trainer.train
 
     def train_with_resume(resume_from_checkpoint=None, *args: Any, **kwargs: Any):
@@ -316,3 +495,26 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
 
     trainer.train = train_with_resume
     return trainer
+
+
+def _install_async_save(trainer: Any, callback: KubeckptCallback) -> None:
+    """Replace the Trainer's `_save_checkpoint` with stage-then-persist where that is supported."""
+    from .async_save import Stager, async_unsupported, stage
+
+    reason = "KUBECKPT_ASYNC_SAVE=false" if not callback.config.async_save else None
+    reason = reason or async_unsupported(trainer)
+    if reason is not None:
+        log.info("kubeckpt: synchronous checkpoint saves (%s)", reason)
+        return
+    callback.async_save = True
+    callback.stager = Stager()
+    own_save = trainer._save_checkpoint
+
+    def save_checkpoint(model: Any, trial: Any = None) -> None:
+        step = trainer.state.global_step
+        if trial is not None or not callback.stages(step):
+            return own_save(model, trial)  # not one of our saves: the Trainer's own, as before
+        snapshot = stage(trainer, callback.stager, step)
+        callback.submit(snapshot, step, int(trainer.state.epoch or 0))
+
+    trainer._save_checkpoint = save_checkpoint

@@ -40,8 +40,23 @@ class Sleep(TrainerCallback):
 
 
 def die_in_save(trainer: Trainer, step: int) -> None:
-    """Kill the process inside the Trainer's save at `step`: after the model is written, before
-    the RNG and trainer state are (the crash a preemption without grace causes)."""
+    """Kill the process inside the save at `step`: after the model is written, before the RNG
+    and trainer state are (the crash a preemption without grace causes). With kubeckpt's async
+    save the writes happen on its save thread, so that is where it dies."""
+    if getattr(getattr(trainer, "kubeckpt", None), "async_save", False):
+        from trainer_runtime.hf import async_save
+
+        persist = async_save.Snapshot.persist
+
+        def dying_persist(snapshot: async_save.Snapshot) -> list[str]:
+            if snapshot.output_dir.endswith(f"checkpoint-{step}"):
+                snapshot.torch_files, snapshot.blobs = [], []  # the model only
+                persist(snapshot)
+                os._exit(137)
+            return persist(snapshot)
+
+        async_save.Snapshot.persist = dying_persist  # type: ignore[method-assign]
+        return
     save_rng_state = trainer._save_rng_state
 
     def dying(output_dir: str) -> None:

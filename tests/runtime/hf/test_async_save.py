@@ -1,0 +1,156 @@
+"""Async saves of the HF integration (single process): the files are the Trainer's own byte for byte
+(full model and PEFT adapters), training goes on while they are written, a checkpoint is finalized
+only after its files are durable, and a failed write is reported without stopping training."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from test_callback import TokenDataset, _args, _env, _model, _trainer
+from test_callback import reference as reference  # the module-scoped fixture
+from transformers import Trainer, TrainerCallback
+
+from trainer_runtime import layout
+from trainer_runtime.config import Config
+from trainer_runtime.contract import INCOMPLETE_SENTINEL
+from trainer_runtime.hf import async_save, kubeckpt_trainer, resume_checkpoint
+
+
+def _lora_trainer(tmp: Path) -> Trainer:
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_model(), LoraConfig(r=2, target_modules=["c_attn"], lora_dropout=0.0))
+    return Trainer(
+        model=model,
+        args=_args(tmp / "unused-output"),
+        train_dataset=TokenDataset(),
+    )
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.name != "manifest.json"}
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_async_files_are_the_trainers_own_byte_for_byte(tmp_path, kind):
+    make = _trainer if kind == "full" else _lora_trainer
+    root = tmp_path / "ckpt"
+    saved = {}
+    for mode in ("false", "true"):  # the Trainer's own (synchronous) save first, then ours
+        trainer = kubeckpt_trainer(
+            make(tmp_path), Config.from_env(_env(tmp_path, KUBECKPT_ASYNC_SAVE=mode))
+        )
+        assert trainer.kubeckpt.async_save is (mode == "true")
+        trainer.train()
+        assert [(e.step, e.complete) for e in layout.scan(root)] == [(4, True), (8, True)]
+        saved[mode] = {s: _files(root / f"checkpoint-{s}") for s in (4, 8)}
+        shutil.rmtree(root)
+    for step in (4, 8):
+        sync, ours = saved["false"][step], saved["true"][step]
+        assert sorted(ours) == sorted(sync)
+        weights = "model.safetensors" if kind == "full" else "adapter_model.safetensors"
+        assert {weights, "optimizer.pt", "rng_state.pth", "trainer_state.json"} <= set(ours)
+        for name in sync:
+            assert ours[name] == sync[name], f"checkpoint-{step}/{name} differs"
+
+
+class _Gate:
+    """Holds the save thread's writes until released, recording what training did meanwhile."""
+
+    def __init__(self, monkeypatch, step: int) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        persist = async_save.Snapshot.persist
+
+        def held(snapshot):
+            if not snapshot.output_dir.endswith(f"checkpoint-{step}"):
+                return persist(snapshot)
+            self.entered.set()
+            assert self.release.wait(60), "never released"
+            return persist(snapshot)
+
+        monkeypatch.setattr(async_save.Snapshot, "persist", held)
+
+
+def test_training_goes_on_while_the_save_is_written(tmp_path, monkeypatch):
+    gate = _Gate(monkeypatch, 4)
+    root = tmp_path / "ckpt"
+    seen = {}
+
+    class Watch(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 6:  # two steps after the save at 4 began
+                seen["entered"] = gate.entered.is_set()
+                seen["incomplete"] = (root / "checkpoint-4" / INCOMPLETE_SENTINEL).exists()
+                seen["manifest"] = (root / "checkpoint-4" / "manifest.json").exists()
+                seen["files"] = sorted(p.name for p in (root / "checkpoint-4").iterdir())
+                gate.release.set()
+
+    trainer = kubeckpt_trainer(
+        _trainer(tmp_path, callbacks=[Watch()]), Config.from_env(_env(tmp_path))
+    )
+    trainer.train()
+    assert seen == {
+        "entered": True,
+        "incomplete": True,
+        "manifest": False,
+        "files": [INCOMPLETE_SENTINEL],
+    }
+    assert [(e.step, e.complete) for e in layout.scan(root)] == [(4, True), (8, True)]
+    progress = json.loads((tmp_path / "progress.json").read_text())["checkpointing"]
+    assert progress["checkpointsCreated"] == 2
+    # Training waited for the copy, not for the write: the save took longer than the stall.
+    assert float(progress["lastStallSeconds"]) < float(progress["lastSaveSeconds"])
+
+
+def test_failed_write_is_reported_and_training_goes_on(tmp_path, monkeypatch, reference):
+    persist = async_save.Snapshot.persist
+
+    def full_disk(snapshot):
+        if snapshot.output_dir.endswith("checkpoint-4"):
+            Path(snapshot.output_dir, "model.safetensors").write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return persist(snapshot)
+
+    monkeypatch.setattr(async_save.Snapshot, "persist", full_disk)
+    trainer = kubeckpt_trainer(_trainer(tmp_path), Config.from_env(_env(tmp_path)))
+    trainer.train()
+    assert trainer.state.global_step == 10
+    assert trainer.kubeckpt.failed_saves == 1
+    root = tmp_path / "ckpt"
+    assert [(e.step, e.complete) for e in layout.scan(root)] == [(8, True)]  # 4 removed
+    checkpointing = json.loads((tmp_path / "progress.json").read_text())["checkpointing"]
+    assert checkpointing["failedSaves"] == 1 and "No space" in checkpointing["lastError"]
+    assert checkpointing["checkpointsCreated"] == 1
+
+    resumed = _trainer(tmp_path)
+    resumed.train(resume_from_checkpoint=resume_checkpoint(root))
+    for name, value in resumed.model.state_dict().items():
+        torch.testing.assert_close(value, reference[name], rtol=0, atol=0, msg=name)
+
+
+def test_write_killed_before_finalize_leaves_it_incomplete(tmp_path, monkeypatch):
+    """A crash while the save thread writes: no manifest, the sentinel stays, resume skips it."""
+    gate = _Gate(monkeypatch, 8)
+    root = tmp_path / "ckpt"
+
+    class Crash(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 9:
+                raise KeyboardInterrupt  # the job dies with the save at 8 still being written
+
+    trainer = kubeckpt_trainer(
+        _trainer(tmp_path, callbacks=[Crash()]), Config.from_env(_env(tmp_path))
+    )
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert [(e.step, e.complete) for e in layout.scan(root)] == [(4, True), (8, False)]
+    assert (root / "checkpoint-8" / INCOMPLETE_SENTINEL).exists()
+    assert resume_checkpoint(root) == str(root / "checkpoint-4")
+    gate.release.set()

@@ -1,0 +1,304 @@
+"""The HF Trainer's checkpoint, staged to CPU memory on the training thread and written by another.
+
+`stage(trainer, output_dir)` does, on the training thread, what `Trainer._save_checkpoint` does
+except writing: the same bookkeeping (`store_flos`, best-checkpoint lookup, stateful callbacks) and
+a CPU copy of everything the Trainer would write, in its layout and under its names:
+
+- rank 0 (`args.should_save`): the model through its own `save_pretrained` (so PEFT models write
+  their adapters, tied weights stay tied) given a staged state_dict, optimizer.pt, scheduler.pt,
+  scaler.pt, trainer_state.json, training_args.bin and the processing class;
+- every rank: its RNG state, `rng_state.pth` or `rng_state_<rank>.pth`.
+
+`Snapshot.persist()` then writes and fsyncs them, on the save thread. The files are the ones the
+Trainer's own save writes (tests compare them byte for byte), so a plain
+`Trainer.train(resume_from_checkpoint=...)` resumes from them.
+
+Staging copies what training changes: trainable parameters, buffers, optimizer and scaler state.
+Frozen parameters (a PEFT base model) are passed by reference: only `optimizer.step()` changes
+parameters, and it never touches frozen ones. Copies go into CPU buffers kept from one save to the
+next (the first copy into fresh memory pays a page fault per page); at most one save is in flight,
+so a buffer is never refilled while it is being written.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import random
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
+from transformers.training_args import ParallelMode
+
+from ..fsutil import fsync_dir, fsync_file
+
+TRAINING_ARGS_NAME = "training_args.bin"
+TRAINER_STATE_NAME = "trainer_state.json"
+OPTIMIZER_NAME = "optimizer.pt"
+SCHEDULER_NAME = "scheduler.pt"
+SCALER_NAME = "scaler.pt"
+SAFE_WEIGHTS_NAME = "model.safetensors"
+
+
+def async_unsupported(trainer: Any) -> str | None:
+    """Why the Trainer's save cannot be staged here (it stays synchronous), or None.
+
+    FSDP and DeepSpeed save sharded state through their own collectives; XLA, SageMaker MP and the
+    other accelerators have RNG and save paths of their own; a push to the Hub reads the files the
+    moment they are written; a model sharded at load time gathers its state with collectives.
+    """
+    from transformers.utils import (
+        is_sagemaker_mp_enabled,
+        is_torch_hpu_available,
+        is_torch_mlu_available,
+        is_torch_musa_available,
+        is_torch_npu_available,
+        is_torch_xla_available,
+    )
+
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return "FSDP"
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        return "DeepSpeed"
+    if getattr(trainer, "is_distributed_loading_by_transformers", False):
+        return "a model sharded at load time"
+    if trainer.args.push_to_hub:
+        return "push_to_hub"
+    for name, available in (
+        ("XLA", is_torch_xla_available),
+        ("SageMaker MP", is_sagemaker_mp_enabled),
+        ("NPU", is_torch_npu_available),
+        ("HPU", is_torch_hpu_available),
+        ("MLU", is_torch_mlu_available),
+        ("MUSA", is_torch_musa_available),
+    ):
+        if available():
+            return name
+    return None
+
+
+def _key(t: torch.Tensor) -> tuple[Any, ...]:
+    """Identity of a tensor view: equal keys are the same memory (tied weights)."""
+    return (
+        t.untyped_storage().data_ptr(),
+        t.storage_offset(),
+        tuple(t.shape),
+        t.stride(),
+        t.dtype,
+        t.device,
+    )
+
+
+class Stager:
+    """CPU copies into buffers reused from one save to the next."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.bytes_copied = 0
+
+    def _copy(self, name: tuple[Any, ...], src: torch.Tensor, memo: dict) -> torch.Tensor:
+        src = src.detach()
+        key = _key(src)
+        if key in memo:  # the same memory under another name: keep it shared
+            return memo[key]
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
+            self._buffers[name] = buf
+        buf.copy_(src, non_blocking=src.is_cuda)
+        self.bytes_copied += src.numel() * src.element_size()
+        memo[key] = buf
+        return buf
+
+    def tree(self, name: str, obj: Any, memo: dict | None = None) -> Any:
+        """A deep copy of nested dicts/lists/tuples with every tensor copied to CPU."""
+        memo = {} if memo is None else memo
+
+        def walk(path: tuple[Any, ...], o: Any) -> Any:
+            if isinstance(o, torch.Tensor):
+                return self._copy(path, o, memo)
+            if isinstance(o, dict):
+                out = {k: walk((*path, k), v) for k, v in o.items()}
+                return out if type(o) is dict else type(o)(out)  # OrderedDict pickles apart
+            if isinstance(o, list):
+                return [walk((*path, i), v) for i, v in enumerate(o)]
+            if isinstance(o, tuple) and not hasattr(o, "_fields"):
+                return tuple(walk((*path, i), v) for i, v in enumerate(o))
+            return copy.deepcopy(o)
+
+        return walk((name,), obj)
+
+    def model_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """model.state_dict() with trainable parameters and buffers copied, frozen ones as-is."""
+        frozen = {_key(p.detach()) for p in model.parameters() if not p.requires_grad}
+        memo: dict = {}
+        staged = {}
+        for k, v in model.state_dict().items():
+            if isinstance(v, torch.Tensor) and _key(v.detach()) in frozen:
+                staged[k] = v.detach()  # never changed by the optimizer
+            elif isinstance(v, torch.Tensor):
+                staged[k] = self._copy(("model", k), v, memo)
+            else:
+                staged[k] = copy.deepcopy(v)
+        return staged
+
+    def synchronize(self) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the non_blocking device-to-host copies have landed
+
+
+@dataclass
+class Snapshot:
+    """One rank's share of one checkpoint, in CPU memory."""
+
+    output_dir: str
+    model: Any = None  # what `save_pretrained` is called on, with `model_state`
+    model_state: dict[str, torch.Tensor] | None = None
+    raw_weights: bool = False  # not a PreTrainedModel/PeftModel: safetensors of its state_dict
+    processing: Any = None  # tokenizer / processor: its own save_pretrained
+    torch_files: list[tuple[str, Any]] = field(default_factory=list)  # torch.save(obj, name)
+    blobs: list[tuple[str, bytes]] = field(default_factory=list)  # bytes staged already
+    bytes_staged: int = 0
+
+    def persist(self) -> list[str]:
+        """Write and fsync every file; the names written. Errors (ENOSPC) propagate."""
+        out = Path(self.output_dir)
+        os.makedirs(out, exist_ok=True)
+        before = {p.name for p in out.iterdir()}
+        if self.model_state is not None:
+            if self.raw_weights:
+                import safetensors.torch
+
+                safetensors.torch.save_file(
+                    self.model_state, str(out / SAFE_WEIGHTS_NAME), metadata={"format": "pt"}
+                )
+            else:
+                self.model.save_pretrained(
+                    str(out), state_dict=self.model_state, is_main_process=True
+                )
+            if self.processing is not None:
+                self.processing.save_pretrained(str(out))
+        for name, obj in self.torch_files:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the Trainer re-issues only its own PT warnings
+                torch.save(obj, out / name)
+        for name, data in self.blobs:
+            with open(out / name, "wb") as f:
+                f.write(data)
+        written = sorted({p.name for p in out.iterdir() if p.is_file()} - before)
+        if self.model_state is not None:
+            # save_pretrained may overwrite files it wrote before, so fsync the whole directory.
+            written = sorted(p.name for p in out.iterdir() if p.is_file())
+        for name in written:
+            fsync_file(out / name)
+        fsync_dir(out)
+        return written
+
+
+def _rng_state(trainer: Any) -> dict[str, Any]:
+    """What `Trainer._save_rng_state` saves (CPU and CUDA; other devices are excluded above)."""
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cpu": torch.random.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        if trainer.args.parallel_mode == ParallelMode.DISTRIBUTED:
+            states["cuda"] = torch.cuda.random.get_rng_state_all()
+        else:
+            states["cuda"] = torch.cuda.random.get_rng_state()
+    return states
+
+
+def _supported_model(trainer: Any) -> tuple[Any, bool]:
+    """(the object whose save_pretrained the Trainer's `_save` would call, raw-safetensors?)."""
+    from transformers import PreTrainedModel
+    from transformers.utils import is_peft_available
+
+    classes: tuple[type, ...] = (PreTrainedModel,)
+    if is_peft_available():
+        from peft import PeftModel
+
+        classes = (PreTrainedModel, PeftModel)
+    if isinstance(trainer.model, classes):
+        return trainer.model, False
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)
+    if isinstance(unwrapped, classes):
+        return unwrapped, False
+    return None, True
+
+
+def stage(trainer: Any, stager: Stager, step: int) -> Snapshot:
+    """`Trainer._save_checkpoint` up to the writes: bookkeeping done, the files' content staged."""
+    if trainer.hp_search_backend is None:
+        trainer.store_flos()  # a collective in DDP: every rank is here, as in the Trainer's save
+    run_dir = trainer._get_output_dir(trial=None)
+    output_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+    args = trainer.args
+    snap = Snapshot(output_dir=output_dir)
+    before = stager.bytes_copied
+
+    if args.should_save:
+        target, raw = _supported_model(trainer)
+        snap.model = target
+        snap.raw_weights = raw
+        snap.model_state = stager.model_state(trainer.model if raw else target)
+        if trainer.processing_class is not None:
+            snap.processing = trainer.processing_class
+        elif getattr(trainer.data_collator, "tokenizer", None) is not None:
+            snap.processing = trainer.data_collator.tokenizer
+        # A copy, saved to its file by name on the save thread: torch.save names the archive
+        # inside after the file ("training_args/..."), so bytes saved to a buffer would differ.
+        snap.torch_files.append((TRAINING_ARGS_NAME, copy.deepcopy(args)))
+
+    if (
+        args.save_strategy in (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST)
+        and trainer.state.best_global_step
+    ):
+        if args.parallel_mode == ParallelMode.DISTRIBUTED:
+            torch.distributed.barrier()  # as the Trainer does before looking for the best one
+        best = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.best_global_step}")
+        if os.path.exists(best):
+            trainer.state.best_model_checkpoint = best
+
+    if not args.save_only_model:
+        if args.should_save:
+            snap.torch_files.append((OPTIMIZER_NAME, stager.tree("optim", _sd(trainer.optimizer))))
+            snap.torch_files.append(
+                (SCHEDULER_NAME, stager.tree("sched", _sd(trainer.lr_scheduler)))
+            )
+            scaler = getattr(trainer.accelerator, "scaler", None)
+            if scaler is not None:
+                snap.torch_files.append((SCALER_NAME, stager.tree("scaler", scaler.state_dict())))
+        rng = "rng_state.pth" if args.world_size <= 1 else f"rng_state_{args.process_index}.pth"
+        snap.torch_files.append((rng, _rng_state(trainer)))
+
+    if args.should_save:
+        callbacks = [*trainer.callback_handler.callbacks, trainer.control]
+        for cb in [cb for cb in callbacks if isinstance(cb, ExportableState)]:
+            name, cb_state = cb.__class__.__name__, cb.state()
+            if isinstance(trainer.state.stateful_callbacks[name], list):
+                trainer.state.stateful_callbacks[name].append(cb_state)
+            else:
+                trainer.state.stateful_callbacks[name] = cb_state
+        # TrainerState.save_to_json's exact text
+        text = json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n"
+        snap.blobs.append((TRAINER_STATE_NAME, text.encode("utf-8")))
+
+    stager.synchronize()
+    snap.bytes_staged = stager.bytes_copied - before
+    return snap
+
+
+def _sd(obj: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return obj.state_dict()
