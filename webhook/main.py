@@ -3,7 +3,8 @@
     kubeckpt-webhook [--kubeconfig PATH] [--bind-address 0.0.0.0] [--port 9443]
                      [--cert-mode self|files] [--cert-dir DIR]
                      [--service kubeckpt-webhook] [--namespace kubeckpt-system]
-                     [--webhook-config kubeckpt-webhook] [--extra-ip 127.0.0.1] ...
+                     [--webhook-config kubeckpt-webhook] [--extra-ip 127.0.0.1]
+                     [--runtime-image kubeckpt/kubeckpt:<version>] ...
 
 In-cluster it reads the service-account token; with --kubeconfig it uses that file. It serves
 /mutate, /healthz, /readyz and /metrics over TLS on one port.
@@ -27,6 +28,7 @@ from .certs import CertConfig, CertManager
 from .certs_files import FileCertSource
 from .certs_tls import ServingTLS
 from .informer_view import InformerView
+from .mutation import DEFAULT_RUNTIME_IMAGE
 from .server import Metrics, make_app, serve
 
 log = logging.getLogger("kubeckpt.webhook")
@@ -67,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--extra-dns", action="append", default=[], help="extra certificate DNS SAN")
     ap.add_argument("--extra-ip", action="append", default=[], help="extra certificate IP SAN")
+    ap.add_argument(
+        "--runtime-image",
+        default=os.environ.get("KUBECKPT_RUNTIME_IMAGE") or DEFAULT_RUNTIME_IMAGE,
+        help="image of the zero-code init container (instrumentation.auto); it must hold "
+        "trainer_runtime, as this controller image does (env KUBECKPT_RUNTIME_IMAGE)",
+    )
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     return ap.parse_args(argv)
 
@@ -95,7 +103,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             source = FileCertSource(args.cert_dir, tls)
             tasks.append(asyncio.create_task(source.run(), name="certificate-files"))
         await view.start()
-        app = make_app(view, metrics=Metrics(), has_certificate=tls.has_certificate)
+        app = make_app(
+            view,
+            metrics=Metrics(),
+            has_certificate=tls.has_certificate,
+            runtime_image=args.runtime_image,
+        )
         await tls.wait_ready()
         runner = await serve(app, args.bind_address, args.port, tls.context)
         log.info("serving on %s:%d (%s certificates)", args.bind_address, args.port, args.cert_mode)

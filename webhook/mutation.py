@@ -41,6 +41,7 @@ from trainer_runtime.contract import (
     TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
     TRAINING_PROGRESS_FILE,
 )
+from trainer_runtime.zerocode import pythonpath_entries
 
 from .policy import (
     MIN_GRACE_SECONDS,
@@ -73,6 +74,16 @@ AWS_SECRET_KEYS = (
     "AWS_ENDPOINT_URL",
     "AWS_ENDPOINT_URL_S3",
 )
+# Zero-code mode (instrumentation.auto): an init container copies the runtime into its own
+# emptyDir, mounted read-only into the target container, whose PYTHONPATH then starts with it.
+RUNTIME_VOLUME = "kubeckpt-runtime"
+RUNTIME_DIR = "/var/run/kubeckpt-runtime"
+RUNTIME_INIT_CONTAINER = "kubeckpt-runtime"
+# The controller image holds the whole distribution, trainer_runtime included.
+DEFAULT_RUNTIME_IMAGE = f"kubeckpt/kubeckpt:{__version__}"
+PYTHONPATH = "PYTHONPATH"
+USER_PYTHONPATH = "KUBECKPT_USER_PYTHONPATH"  # the user's valueFrom PYTHONPATH, renamed
+RUNTIME_UID = 65532  # the image's non-root user
 # Grace: one step plus one save, with 50 % and 10 s of headroom for the preStop round trip.
 GRACE_FACTOR = 1.5
 GRACE_HEADROOM_SECONDS = 10
@@ -209,6 +220,79 @@ def _nodes(container: Mapping[str, Any]) -> int:
     return 1
 
 
+def runtime_init_container(image: str) -> dict[str, Any]:
+    """The init container that installs the runtime into the shared volume (zero-code mode)."""
+    return {
+        "name": RUNTIME_INIT_CONTAINER,
+        "image": image,
+        "command": ["python", "-m", "trainer_runtime.zerocode.install", RUNTIME_DIR],
+        "volumeMounts": [{"name": RUNTIME_VOLUME, "mountPath": RUNTIME_DIR}],
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "32Mi"},
+            "limits": {"memory": "128Mi"},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        # Set here, not left to the pod: it must hold whatever the pod's own securityContext says.
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_UID,
+            "runAsGroup": RUNTIME_UID,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def _zerocode_plan(
+    spec: Mapping[str, Any], container: Mapping[str, Any], cpath: str
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, str | None]:
+    """(ops on the user's env entries, a PYTHONPATH entry to append, why not) for zero-code mode.
+
+    The user's PYTHONPATH is kept: a plain value gets our entries prepended; one from valueFrom is
+    renamed to KUBECKPT_USER_PYTHONPATH and our PYTHONPATH, inserted right after it so later
+    entries that use $(PYTHONPATH) see the combined value, ends with $(KUBECKPT_USER_PYTHONPATH).
+    Any name or path of ours already taken: nothing is added (a half set-up would be worse).
+    """
+    names = {c.get("name") for c in (spec.get("initContainers") or [])}
+    names |= {c.get("name") for c in (spec.get("containers") or [])}
+    if RUNTIME_INIT_CONTAINER in names:
+        return [], None, f"container name {RUNTIME_INIT_CONTAINER} is taken"
+    if RUNTIME_VOLUME in {v.get("name") for v in spec.get("volumes") or []}:
+        return [], None, f"volume name {RUNTIME_VOLUME} is taken"
+    for m in container.get("volumeMounts") or []:
+        if m.get("name") == RUNTIME_VOLUME or m.get("mountPath", "").rstrip("/") == RUNTIME_DIR:
+            return [], None, f"mount path {RUNTIME_DIR} is taken"
+    ours = ":".join(pythonpath_entries(RUNTIME_DIR))
+    env = container.get("env") or []
+    index = next((i for i in reversed(range(len(env))) if env[i].get("name") == PYTHONPATH), None)
+    if index is None:
+        # A PYTHONPATH from envFrom is expanded into $(PYTHONPATH); without one it stays a
+        # literal, a path entry that does not exist, which Python skips.
+        value = f"{ours}:$({PYTHONPATH})" if container.get("envFrom") else ours
+        return [], {"name": PYTHONPATH, "value": value}, None
+    entry = env[index]
+    epath = f"{cpath}/env/{index}"
+    if "valueFrom" not in entry:
+        user = str(entry.get("value") or "")
+        if RUNTIME_DIR in user.split(":"):
+            return [], None, None  # already there (set by hand)
+        value = f"{ours}:{user}" if user else ours
+        return [{"op": "add", "path": f"{epath}/value", "value": value}], None, None
+    if any(e.get("name") == USER_PYTHONPATH for e in env):
+        return [], None, f"env name {USER_PYTHONPATH} is taken"
+    combined = {"name": PYTHONPATH, "value": f"{ours}:$({USER_PYTHONPATH})"}
+    return (
+        [
+            {"op": "replace", "path": f"{epath}/name", "value": USER_PYTHONPATH},
+            {"op": "add", "path": f"{cpath}/env/{index + 1}", "value": combined},
+        ],
+        None,
+        None,
+    )
+
+
 def mutate(
     pod: Mapping[str, Any],
     policy_obj: Mapping[str, Any] | None,
@@ -217,6 +301,7 @@ def mutate(
     *,
     namespace_name: str | None = None,
     copy_pod: bool = True,
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE,
 ) -> MutationResult:
     """Decide and build the mutation for one pod. Never raises on odd pods: skips them.
 
@@ -266,6 +351,18 @@ def mutate(
     skipped: list[str] = []
     cpath = f"/spec/containers/{index}"
 
+    # --- zero-code mode: its edits of the user's env go first, while their indices hold --------
+    zerocode = False
+    zerocode_env: dict[str, Any] | None = None
+    if policy.auto_instrumentation:
+        env_ops, zerocode_env, why_not = _zerocode_plan(spec, container, cpath)
+        if why_not:
+            skipped.append("instrumentation/auto")
+            warnings.append(f"kubeckpt: zero-code instrumentation not added: {why_not}")
+        else:
+            zerocode = True
+            ops += env_ops
+
     # --- env -----------------------------------------------------------------------------------
     env: list[dict[str, Any]] = [
         {"name": TRAINING_PROGRESS_FILE, "value": PROGRESS_PATH},
@@ -301,6 +398,8 @@ def mutate(
             }
         )
     env += secret_env
+    if zerocode_env is not None:
+        env.append(zerocode_env)
     have_env = {e.get("name") for e in container.get("env") or []}
     new_env = []
     for e in env:
@@ -324,6 +423,13 @@ def mutate(
                 {"name": LOCAL_VOLUME, "mountPath": LOCAL_DIR},
             )
         )
+    if zerocode:
+        volumes.append(
+            (
+                {"name": RUNTIME_VOLUME, "emptyDir": {}},
+                {"name": RUNTIME_VOLUME, "mountPath": RUNTIME_DIR, "readOnly": True},
+            )
+        )
     have_volumes = {v.get("name") for v in spec.get("volumes") or []}
     have_paths = {m.get("mountPath", "").rstrip("/") for m in container.get("volumeMounts") or []}
     have_mount_names = {m.get("name") for m in container.get("volumeMounts") or []}
@@ -340,6 +446,9 @@ def mutate(
             new_mounts.append(mount)
     ops += _append("/spec/volumes", spec.get("volumes"), new_volumes)
     ops += _append(f"{cpath}/volumeMounts", container.get("volumeMounts"), new_mounts)
+    if zerocode:
+        init = runtime_init_container(runtime_image)
+        ops += _append("/spec/initContainers", spec.get("initContainers"), [init])
 
     # --- preStop and grace period --------------------------------------------------------------
     if grace is not None:
@@ -366,6 +475,8 @@ def mutate(
         "container": container.get("name", ""),
         "version": __version__,
     }
+    if zerocode:
+        status["instrumentation"] = "auto"
     if skipped:
         status["skipped"] = skipped  # type: ignore[assignment]
     if grace is not None:

@@ -197,6 +197,7 @@ OVERRIDES: dict[str, tuple[str, Any]] = {
     "local-period-steps": ("local_period_steps", _positive_int),
     "model-parameters": ("local_model_parameters", _positive_int),
     "progress-every-steps": ("progress_every_steps", _positive_int),
+    "instrumentation-auto": ("auto_instrumentation", _bool),
 }
 # Annotations of ours that are not overrides (markers, status, opt-in).
 RESERVED = {"status", "inject", "injected", "policy"}

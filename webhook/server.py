@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .admission import BadReview, is_pod_create, parse_review, review_response
-from .mutation import MutationResult, job_identity, mutate
+from .mutation import DEFAULT_RUNTIME_IMAGE, MutationResult, job_identity, mutate
 from .policy import select_policy
 from .view import ClusterView
 
@@ -53,7 +53,9 @@ class Metrics:
         )
 
 
-def decide(view: ClusterView, request: dict[str, Any]) -> MutationResult:
+def decide(
+    view: ClusterView, request: dict[str, Any], runtime_image: str = DEFAULT_RUNTIME_IMAGE
+) -> MutationResult:
     """Look up the pod's namespace, policy and job progress in the caches, then mutate."""
     pod = request["object"]
     ns_name = request.get("namespace") or (pod.get("metadata") or {}).get("namespace") or ""
@@ -64,7 +66,13 @@ def decide(view: ClusterView, request: dict[str, Any]) -> MutationResult:
     # The request was parsed for this call alone and is not read again: hand the pod over to be
     # patched in place rather than copied.
     result = mutate(
-        pod, policy, view.namespace(ns_name), progress, namespace_name=ns_name, copy_pod=False
+        pod,
+        policy,
+        view.namespace(ns_name),
+        progress,
+        namespace_name=ns_name,
+        copy_pod=False,
+        runtime_image=runtime_image,
     )
     if result.injected:
         result.warnings[:0] = warnings
@@ -76,6 +84,7 @@ def make_app(
     *,
     metrics: Metrics | None = None,
     has_certificate: Callable[[], bool] = lambda: True,
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE,
 ) -> web.Application:
     m = metrics or Metrics()
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -101,7 +110,7 @@ def make_app(
                 result_label = "not_a_pod"
                 return web.json_response(review_response(uid))
             try:
-                result = decide(view, req)
+                result = decide(view, req, runtime_image)
             except Exception:
                 log.exception("mutation failed for %s; pod allowed unchanged", uid)
                 m.errors.inc()
