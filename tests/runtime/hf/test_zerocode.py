@@ -249,7 +249,7 @@ def test_existing_sitecustomize_is_chained_exactly_once(
 
 
 PROBE = """
-import json, sys
+import json, os, sys
 from transformers import Trainer, TrainingArguments
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -263,6 +263,10 @@ args = TrainingArguments(output_dir=sys.argv[1], report_to=[], use_cpu=True, sav
 out = {}
 for cls in (Trainer, MyTrainer):
     t = cls(model=model, args=args)
+    if os.environ.get("PROBE_EXPLICIT"):  # a script that also adopts kubeckpt by hand
+        from trainer_runtime.hf import kubeckpt_trainer
+
+        t = kubeckpt_trainer(t)
     names = [type(c).__name__ for c in t.callback_handler.callbacks]
     out[cls.__name__] = {
         "attached": getattr(t, "kubeckpt", None) is not None,
@@ -274,7 +278,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", ["enabled", "disabled", "remote-uri"])
+@pytest.mark.parametrize("case", ["enabled", "enabled-and-explicit", "disabled", "remote-uri"])
 def test_trainer_gets_the_callback_only_when_enabled(
     runtime: Path, tmp_path: Path, case: str
 ) -> None:
@@ -284,11 +288,13 @@ def test_trainer_gets_the_callback_only_when_enabled(
         injected["CHECKPOINT_ENABLED"] = "false"
     if case == "remote-uri":  # the HF integration cannot use it: warn once, train unchanged
         injected["CHECKPOINT_URI"] = "s3://bucket/prefix"
+    if case == "enabled-and-explicit":
+        injected["PROBE_EXPLICIT"] = "1"
     code = PROBE.replace("sys.argv[1]", repr(str(tmp_path / "out")))
     got = _run_python(code, _env(_pythonpath(runtime), **injected), tmp_path)
     assert got.returncode == 0, got.stderr
     out = json.loads(got.stdout.splitlines()[-1])
-    attached = case == "enabled"
+    attached = case.startswith("enabled")
     for name in ("Trainer", "MyTrainer"):
         assert out[name]["attached"] is attached, (name, out, got.stderr)
         assert out[name]["callbacks"] == int(attached), out
