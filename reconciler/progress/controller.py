@@ -104,6 +104,15 @@ class _JobState:
     pod_uid: str | None = None
     new_pod: bool = False  # the rank-0 pod was replaced and no record from the new one yet
     step: int | None = None
+    exec_failures: int = 0  # transport failures in a row (TRANSIENT_READ_ERRORS)
+
+
+# Exec transport failures (API server or node hiccups), not the file's content: one in a row is
+# not written, so that a blip does not flip Progressing to Unknown and back (two writes per job,
+# for every job at once when the API server is what hiccuped); the next poll writes it if it
+# persists.
+TRANSIENT_READ_ERRORS = frozenset({"ExecFailed", "ExecTimeout"})
+TRANSIENT_TOLERANCE = 1
 
 
 class ProgressController:
@@ -283,6 +292,7 @@ class ProgressController:
         pod = d.rank0_pod(pods, kind)
         container = d.target_container(pod, kind) if pod is not None else None
         running = False
+        hold = False  # a first transient exec failure: keep the stored status as it is
         frequency = d.DEFAULT_UPDATE_FREQUENCY
         if pod is None or container is None:
             obs = Observation(outcome=outcome)
@@ -310,6 +320,13 @@ class ProgressController:
                     return Result(requeue_after=max(state.next_poll - now, 0.01))
                 obs = await self._read(pod, container, kind)
                 obs.outcome = outcome
+                if obs.error_reason in TRANSIENT_READ_ERRORS:
+                    state.exec_failures += 1
+                    if state.exec_failures <= TRANSIENT_TOLERANCE and prev_status:
+                        log.info("%s: %s (not recorded yet)", key, obs.error_message)
+                        hold = True
+                else:
+                    state.exec_failures = 0
             else:
                 obs = Observation(pod=pod_name, outcome=outcome)
             obs.new_pod = state.new_pod
@@ -325,9 +342,12 @@ class ProgressController:
             obs.stall_after = stall_after(self.settings, period)
         obs.not_injected = missed
         decision = decide(prev_status, obs, datetime.now(UTC))
-        await self._write(key, job, tp, prev_status, decision)
-        if kind == d.TRAINJOB and self.trainjobs.has_trainer_status:
-            await self._write_trainer_status(key, job, decision.status)
+        if hold:
+            self.stats["skipped_writes"] += 1
+        else:
+            await self._write(key, job, tp, prev_status, decision)
+            if kind == d.TRAINJOB and self.trainjobs.has_trainer_status:
+                await self._write_trainer_status(key, job, decision.status)
         if decision.accepted:
             state.new_pod = False
         if decision.accepted and obs.record is not None and obs.record.step != state.step:

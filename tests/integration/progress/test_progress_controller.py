@@ -7,6 +7,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from progress_support import (
@@ -23,6 +24,8 @@ from progress_support import (
 
 from localcluster import LocalCluster
 from reconciler.client import Client
+from reconciler.exec import ExecError, exec_command
+from reconciler.progress.controller import ProgressController
 
 INTERVAL = 1.1  # FAST: 1 s plus up to 10% jitter
 WITHIN = INTERVAL + 4.0  # one interval, plus exec and watch latency on a busy 2-core machine
@@ -42,10 +45,6 @@ async def step_is(client: Client, ns: str, name: str, step: int) -> dict | None:
     return tp if tp and (tp.get("status") or {}).get("step") == step else None
 
 
-# Seen once as the first test of a loaded full run: one extra status write in the "no write when
-# nothing changed" window (16 == 14 + 1), not reproduced alone; one rerun until it is explained
-# (a rerun that fails again fails the suite). See the issue 7 note.
-@pytest.mark.flaky(reruns=1)
 async def test_follows_the_file_keeps_good_values_on_bad_input_and_goes_with_the_job(
     kwok: LocalCluster, client: Client, namespace: str
 ) -> None:
@@ -53,6 +52,7 @@ async def test_follows_the_file_keeps_good_values_on_bad_input_and_goes_with_the
     path = start_job(kwok, ns, "train", progress(1))
     other = start_job(kwok, ns, "other", progress(7))
     async with running_controller(client) as ctrl:
+        writes = record_writes(ctrl)
         tp = await eventually(lambda: step_is(client, ns, "train", 1), "first record", 90)
         job = json.loads(kwok.kubectl("get", "pytorchjob", "train", "-n", ns, "-o", "json").stdout)
         assert tp["spec"]["jobRef"] == {
@@ -133,13 +133,22 @@ async def test_follows_the_file_keeps_good_values_on_bad_input_and_goes_with_the
         assert "Progressing" in described, described
         assert re.search(r"Observed Pod:\s+train-master-0", described), described
 
-        # No write when nothing changed.
-        writes = ctrl.stats["writes"]
-        reads = ctrl.stats["reads"]
+        # No write when nothing changed: in a window of several reads of each job, exactly one
+        # write, other's step 20. The window starts once the controller itself has counted its
+        # step-4 write (the test's GET can see it before the apply call has returned). A single
+        # exec failure (an API server or node blip under load) is not written (controller:
+        # TRANSIENT_READ_ERRORS); that was the extra write once seen under a loaded full run.
+        await eventually(
+            lambda: any(k == f"{ns}/train" and st.get("step") == 4 for k, _, st in writes),
+            "the step-4 write counted",
+            WITHIN,
+        )
+        mark, reads = len(writes), ctrl.stats["reads"]
         await eventually(lambda: ctrl.stats["reads"] >= reads + 4, "more reads", 10)
         write_atomic(other, progress(20))
         await eventually(lambda: step_is(client, ns, "other", 20), "other", WITHIN)
-        assert ctrl.stats["writes"] == writes + 1
+        window = [(k, _diff(prev, st)) for k, prev, st in writes[mark:]]
+        assert [k for k, _ in window] == [f"{ns}/other"], window
 
         # One CheckpointSaved event per checkpoint, not one per poll.
         reasons = [
@@ -156,6 +165,72 @@ async def test_follows_the_file_keeps_good_values_on_bad_input_and_goes_with_the
 
         await eventually(gone, "the TrainingProgress to be garbage-collected", 60)
         assert ctrl._state.get(f"{ns}/train") is None
+
+
+async def test_one_exec_failure_is_not_written_two_in_a_row_are(
+    kwok: LocalCluster, client: Client, namespace: str
+) -> None:
+    ns = namespace
+    key = f"{ns}/blip"
+    path = start_job(kwok, ns, "blip", progress(1))
+    failures = 0
+
+    async def blipping_exec(*args: Any, **kw: Any) -> Any:
+        nonlocal failures
+        # Only this test's pod: other tests' jobs may still be there, going with their namespace.
+        if failures > 0 and args[1:3] == (ns, "blip-master-0"):
+            failures -= 1
+            raise ExecError("error dialing backend: connection reset by peer")
+        return await exec_command(*args, **kw)
+
+    async with running_controller(client, exec_fn=blipping_exec) as ctrl:
+        writes = record_writes(ctrl)
+        await eventually(lambda: step_is(client, ns, "blip", 1), "first record", 90)
+        await eventually(lambda: ctrl.stats["skipped_writes"] >= 1, "a read with no change", 10)
+        mark, reads = len(writes), ctrl.stats["reads"]
+        failures = 1
+        await eventually(lambda: ctrl.stats["reads"] >= reads + 3, "reads past the blip", 15)
+        assert failures == 0 and [k for k, *_ in writes[mark:]] == [], writes[mark:]
+        tp = await get_tp(client, ns, "blip")
+        assert tp is not None and cond(tp, "Progressing")["status"] == "True", tp
+
+        # Two in a row are a condition (seen in the writes: under load a GET can miss it, the
+        # next good read clears it about an interval later).
+        failures = 2
+
+        def progressing(i: int) -> str:
+            return cond({"status": writes[i][2]}, "Progressing").get("reason", "")
+
+        await eventually(lambda: len(writes) > mark, "the ExecFailed write", WITHIN * 2)
+        assert progressing(mark) == "ExecFailed", writes[mark:]
+        await eventually(
+            lambda: progressing(-1) == "ProgressReported", "the next good read", WITHIN
+        )
+        write_atomic(path, progress(2))
+        tp = await eventually(lambda: step_is(client, ns, "blip", 2), "step 2", WITHIN)
+        assert cond(tp, "Progressing")["status"] == "True", tp
+    assert all(k == key for k, *_ in writes[mark:]), writes[mark:]
+
+
+def record_writes(ctrl: ProgressController) -> list[tuple[str, dict, dict]]:
+    """(key, stored status, written status) of every status write the controller makes."""
+    out: list[tuple[str, dict, dict]] = []
+    write = ctrl._write
+
+    async def recording(key: str, job: dict, tp: dict, prev: dict, dec: Any) -> None:
+        n = ctrl.stats["writes"]
+        await write(key, job, tp, prev, dec)
+        if ctrl.stats["writes"] > n:
+            out.append((key, prev, dec.status))
+
+    ctrl._write = recording  # type: ignore[method-assign]
+    return out
+
+
+def _diff(old: dict, new: dict) -> dict:
+    return {
+        k: (old.get(k), new.get(k)) for k in old.keys() | new.keys() if old.get(k) != new.get(k)
+    }
 
 
 async def _reason_is(client: Client, ns: str, name: str, reason: str) -> bool:
