@@ -134,10 +134,12 @@ async def test_follows_the_file_keeps_good_values_on_bad_input_and_goes_with_the
         assert re.search(r"Observed Pod:\s+train-master-0", described), described
 
         # No write when nothing changed: in a window of several reads of each job, exactly one
-        # write, other's step 20. The window starts once the controller itself has counted its
-        # step-4 write (the test's GET can see it before the apply call has returned). A single
-        # exec failure (an API server or node blip under load) is not written (controller:
-        # TRANSIENT_READ_ERRORS); that was the extra write once seen under a loaded full run.
+        # write, other's step 20. The extra write once seen under a loaded full run (16 == 14 + 1)
+        # was the step-4 write itself, counted late: the test's GET saw it stored, then the
+        # kubectl calls above blocked this event loop (the controller's too) before the count was
+        # taken, so the controller had not yet resumed from its apply call to count it. The
+        # window now starts once the controller has recorded that write. A single exec
+        # failure under load is not written either (controller: TRANSIENT_READ_ERRORS).
         await eventually(
             lambda: any(k == f"{ns}/train" and st.get("step") == 4 for k, _, st in writes),
             "the step-4 write counted",
