@@ -8,8 +8,10 @@ rank 0 also writes the final parameters.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -32,10 +34,14 @@ class TokenDataset(torch.utils.data.Dataset):
 
 
 class Sleep(TrainerCallback):
-    def __init__(self, seconds: float) -> None:
+    """Sleeps after each step and records the step reached (a test sees where each rank is)."""
+
+    def __init__(self, seconds: float, status_dir: Path, rank: int) -> None:
         self.seconds = seconds
+        self.step_file = status_dir / f"step-{rank}"
 
     def on_step_end(self, args, state, control, **kwargs):
+        self.step_file.write_text(str(state.global_step))
         time.sleep(self.seconds)
 
 
@@ -73,8 +79,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--die-in-save", type=int, default=0, help="exit hard mid-save at step")
+    parser.add_argument(
+        "--hf-jit", action="store_true", help="transformers' own enable_jit_checkpoint instead"
+    )
+    parser.add_argument(
+        "--resume-latest", action="store_true", help="train(resume_from_checkpoint=True)"
+    )
     a = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test can see where a rank hangs
     a.status_dir.mkdir(parents=True, exist_ok=True)
     (a.status_dir / f"pid-{rank}").write_text(str(os.getpid()))
     torch.set_num_threads(1)
@@ -103,9 +116,13 @@ def main() -> None:
         ddp_backend="gloo" if "WORLD_SIZE" in os.environ else None,
         seed=0,
         disable_tqdm=True,
+        enable_jit_checkpoint=a.hf_jit,
     )
     trainer = Trainer(
-        model=model, args=args, train_dataset=TokenDataset(), callbacks=[Sleep(a.sleep)]
+        model=model,
+        args=args,
+        train_dataset=TokenDataset(),
+        callbacks=[Sleep(a.sleep, a.status_dir, rank)],
     )
     if os.environ.get("CHECKPOINT_ENABLED") == "true":
         from trainer_runtime.hf import kubeckpt_trainer
@@ -113,9 +130,15 @@ def main() -> None:
         trainer = kubeckpt_trainer(trainer)
     if a.die_in_save:
         die_in_save(trainer, a.die_in_save)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=True if a.resume_latest else None)
+    kubeckpt = getattr(trainer, "kubeckpt", None)
     (a.status_dir / f"stopped-{rank}.json").write_text(
-        json.dumps({"step": trainer.state.global_step})
+        json.dumps(
+            {
+                "step": trainer.state.global_step,
+                "async": bool(kubeckpt is not None and kubeckpt.async_save),
+            }
+        )
     )
     if rank == 0:
         state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}

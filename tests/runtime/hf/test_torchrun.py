@@ -1,6 +1,15 @@
 """The HF integration under torchrun with 2 ranks: SIGTERM to one rank mid-run makes both save at
 the same step and exit 0; the restart resumes at exactly that step and ends with the parameters of
-an uninterrupted run."""
+an uninterrupted run.
+
+The same scenario with transformers' own `enable_jit_checkpoint` (trainer_jit_checkpoint.py) and no
+kubeckpt: the signalled rank alone starts a checkpoint (its SIGTERM handler arms a timer; the next
+callback stops its loop and calls `_save_checkpoint`), whose first collective (`store_flos`) the
+other rank, still training, never joins. Both hang until the process group's timeout (30 min by
+default) or the kubelet's SIGKILL, leaving `checkpoint-<n>/` holding only the sentinel; HF's own
+resume (`resume_from_checkpoint=True`, `get_last_checkpoint`) ignores the sentinel, picks it, and
+the restarted job fails.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +17,19 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from harness import assert_same_files, finish, free_port, start, tail, wait_for_step
+from harness import (
+    assert_same_files,
+    finish,
+    free_port,
+    kill_session,
+    start,
+    tail,
+    wait_for_step,
+)
 
 from trainer_runtime import layout
 
@@ -19,7 +37,7 @@ JOB = Path(__file__).with_name("hf_job.py")
 STEPS = 12
 
 
-def _argv(status: Path, sleep: float) -> list[str]:
+def _argv(status: Path, sleep: float, *extra: str, steps: int = STEPS) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -31,8 +49,9 @@ def _argv(status: Path, sleep: float) -> list[str]:
         f"--master_port={free_port()}",
         str(JOB),
         f"--status-dir={status}",
-        f"--steps={STEPS}",
+        f"--steps={steps}",
         f"--sleep={sleep}",
+        *extra,
     ]
 
 
@@ -48,8 +67,9 @@ def _env(root: Path, enabled: bool) -> dict[str, str]:
             {
                 "CHECKPOINT_URI": str(root / "ckpt"),
                 "CHECKPOINT_CONTROL_DIR": str(root / "control"),
-                "CHECKPOINT_STRATEGY": "time",
-                "CHECKPOINT_INTERVAL": "1h",
+                "CHECKPOINT_STRATEGY": "steps",
+                "CHECKPOINT_SAVE_STEPS": "2",  # async periodic saves, finalized across ranks
+                "CHECKPOINT_MAX_CHECKPOINTS": "2",
             }
         )
     return env
@@ -71,10 +91,14 @@ def test_sigterm_one_rank_both_save_same_step_and_resume_exactly(tmp_path: Path)
     os.kill(int((status / "pid-1").read_text()), signal.SIGTERM)  # rank 1 only
     assert finish(first) == 0, tail(tmp_path / "first.log")
 
-    stopped = [json.loads((status / f"stopped-{r}.json").read_text())["step"] for r in (0, 1)]
+    records = [json.loads((status / f"stopped-{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["async"] for r in records), records  # DDP takes the async path
+    stopped = [r["step"] for r in records]
     assert stopped[0] == stopped[1] and 3 <= stopped[0] < STEPS, stopped
     step = stopped[0]
-    assert [(e.step, e.complete) for e in layout.scan(root / "ckpt")] == [(step, True)]
+    entries = layout.scan(root / "ckpt")
+    assert all(e.complete for e in entries) and entries[-1].step == step, entries
+    assert len(entries) == 2 and step - entries[0].step in (1, 2), entries  # retention kept 2
     ckpt = root / "ckpt" / f"checkpoint-{step}"
     assert (ckpt / "rng_state_0.pth").exists() and (ckpt / "rng_state_1.pth").exists()
     assert json.loads((root / "progress.json").read_text())["step"] == step
@@ -86,3 +110,59 @@ def test_sigterm_one_rank_both_save_same_step_and_resume_exactly(tmp_path: Path)
     assert progress["resumedFrom"] == f"checkpoint-{step}"
     assert progress["step"] == STEPS
     assert_same_files(ref / "status" / "final.pt", status / "final.pt")
+
+
+def _step(status: Path, rank: int) -> int:
+    try:
+        return int((status / f"step-{rank}").read_text())
+    except (OSError, ValueError):
+        return -1
+
+
+HANG_S = 15  # well past the JIT timer (3 s) and many steps (0.3 s each): nothing moves
+
+
+def test_hf_enable_jit_checkpoint_sigterm_one_rank_hangs_and_leaves_an_unresumable_checkpoint(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "hf-jit"
+    status = root / "status"
+    env = _env(root, False)
+    proc = start(_argv(status, 0.3, "--hf-jit", steps=200), env, tmp_path / "hf-jit.log")
+    try:
+        deadline = time.monotonic() + 90
+        while min(_step(status, 0), _step(status, 1)) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, tail(
+                tmp_path / "hf-jit.log"
+            )
+            time.sleep(0.05)
+        os.kill(int((status / "pid-1").read_text()), signal.SIGTERM)  # rank 1 only
+        time.sleep(5)  # HF's handler waits 3 s ("kill_wait") before asking for the checkpoint
+        reached = (_step(status, 0), _step(status, 1))
+        time.sleep(HANG_S)
+        # Neither rank exits nor makes progress: rank 1 is inside the JIT save, in a collective
+        # rank 0 (blocked in its next training step's collectives) never joins.
+        assert proc.poll() is None, f"exited rc={proc.returncode}:\n{tail(tmp_path / 'hf-jit.log')}"
+        assert (_step(status, 0), _step(status, 1)) == reached, reached
+        assert not any((status / f"stopped-{r}.json").exists() for r in (0, 1))
+        for pid in (status / "pid-0", status / "pid-1"):
+            os.kill(int(pid.read_text()), signal.SIGUSR1)  # faulthandler: dump the stacks
+        time.sleep(1)
+    finally:
+        kill_session(proc)  # what the kubelet does when the grace period runs out
+    output = status / "hf-output"
+    (ckpt,) = [p for p in output.iterdir() if p.name.startswith("checkpoint-")]
+    # Seen every time here: rank 1 blocked in store_flos's all_gather inside
+    # execute_jit_checkpoint, rank 0 in its next backward's all_reduce (the SIGUSR1 stack dumps
+    # are in the log), so the checkpoint holds only the sentinel. Were rank 1's timer to fire
+    # between backward and the optimizer step, its gather could pair with rank 0's logging
+    # gather and it would get as far as its RNG file: no model either way.
+    names = sorted(p.name for p in ckpt.iterdir())
+    assert "model.safetensors" not in names and "trainer_state.json" not in names, names
+
+    # The restart, as HF documents it: resume from the latest checkpoint. The sentinel is not
+    # looked at; the empty checkpoint is chosen and the job fails instead of resuming.
+    restart = start(_argv(status, 0.0, "--resume-latest"), env, tmp_path / "restart.log")
+    assert finish(restart) != 0
+    restart_log = (tmp_path / "restart.log").read_text(errors="replace")
+    assert f"Can't find a valid checkpoint at {ckpt}" in restart_log, tail(tmp_path / "restart.log")
