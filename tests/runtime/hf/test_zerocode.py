@@ -23,20 +23,56 @@ from harness import assert_same_files, finish, free_port, tail, wait_for_step
 from trainer_runtime import layout
 from trainer_runtime.zerocode import HOOK_DIR, pythonpath_entries
 from trainer_runtime.zerocode.install import install
+from webhook.mutation import RUNTIME_DIR, mutate
 
 JOB = Path(__file__).with_name("zerocode_job.py")
 STEPS = 16  # 64 samples, 2 per rank, 2 ranks, 1 epoch
 OUR_PREFIXES = ("CHECKPOINT_", "KUBECKPT_", "TRAINING_PROGRESS", "PROGRESS_UPDATE")
 
 
+def _webhook_container() -> tuple[dict, dict]:
+    """The init container and the training container's PYTHONPATH entry the webhook produces."""
+    pod = {
+        "metadata": {"namespace": "ns", "labels": {"training.kubeflow.org/job-name": "j"}},
+        "spec": {"containers": [{"name": "pytorch", "image": "trainer:1"}]},
+    }
+    policy = {
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"storage": {"uri": "file:///ckpt"}, "instrumentation": {"auto": True}},
+    }
+    namespace = {"metadata": {"name": "ns", "labels": {"kubeckpt.io/inject": "enabled"}}}
+    patched = mutate(pod, policy, namespace).pod
+    [init] = patched["spec"]["initContainers"]
+    env = {e["name"]: e for e in patched["spec"]["containers"][0]["env"]}
+    return init, env["PYTHONPATH"]
+
+
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What the init container leaves in the shared volume."""
-    return install(tmp_path_factory.mktemp("zerocode") / "runtime")
+    """What the webhook's init container leaves in the shared volume: its command, run here."""
+    dest = tmp_path_factory.mktemp("zerocode") / "runtime"
+    init, _ = _webhook_container()
+    command = init["command"]
+    assert command[0] == "python" and command[-1] == RUNTIME_DIR, command
+    got = subprocess.run(
+        [sys.executable, *command[1:-1], str(dest)],
+        cwd=tmp_path_factory.getbasetemp(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert got.returncode == 0, got.stderr
+    return dest
 
 
 def _pythonpath(runtime: Path | None, *extra: Path) -> str:
-    entries = pythonpath_entries(str(runtime)) if runtime is not None else []
+    """The webhook's PYTHONPATH with the mount path replaced by `runtime`, then `extra`."""
+    entries = []
+    if runtime is not None:
+        value = _webhook_container()[1]["value"]
+        entries = [e.replace(RUNTIME_DIR, str(runtime)) for e in value.split(":")]
+        assert entries == pythonpath_entries(str(runtime))  # nothing else in it
     return os.pathsep.join([*entries, *map(str, extra)])
 
 
