@@ -1,5 +1,6 @@
 """Zero-code mode against the real API server: pods with the init container, the read-only runtime
-volume and the PYTHONPATH forms are valid Pods (server-side dry run, nothing stored)."""
+volume and the PYTHONPATH forms are valid Pods (server-side dry run, nothing stored), and the
+webhook process adds them when the policy, or the pod's annotation, asks."""
 
 from __future__ import annotations
 
@@ -10,8 +11,15 @@ import pytest
 import yaml
 
 from localcluster import LocalCluster
+from tests.integration.webhook.conftest import WebhookProcess, dry_run_pod, wait_policy_seen
 from tests.unit.webhook.test_mutation import pod, policy
-from webhook.mutation import RUNTIME_INIT_CONTAINER, USER_PYTHONPATH, mutate
+from webhook.mutation import (
+    DEFAULT_RUNTIME_IMAGE,
+    RUNTIME_DIR,
+    RUNTIME_INIT_CONTAINER,
+    USER_PYTHONPATH,
+    mutate,
+)
 
 NS = {"metadata": {"name": "default", "labels": {"kubeckpt.io/inject": "enabled"}}}
 
@@ -55,3 +63,34 @@ def test_zero_code_pods_are_accepted_by_the_api_server(cluster: LocalCluster, ki
     env = [e["name"] for e in stored["spec"]["containers"][1]["env"]]
     assert env.count("PYTHONPATH") == 1
     assert (USER_PYTHONPATH in env) == (kind == "valueFrom")
+
+
+def _probe(namespace: str, annotations: dict[str, str]) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "zc-probe",
+            "namespace": namespace,
+            "labels": {"training.kubeflow.org/job-name": "zc"},
+            "annotations": annotations,
+        },
+        "spec": {"containers": [{"name": "pytorch", "image": "trainer:1"}]},
+    }
+
+
+def test_the_webhook_adds_zero_code_when_the_policy_or_the_annotation_asks(
+    cluster: LocalCluster, namespace: str, webhook: WebhookProcess
+) -> None:
+    cluster.kubectl("label", "namespace", namespace, "kubeckpt.io/inject=enabled")
+    obj = policy()
+    obj["metadata"] = {"name": "zc", "namespace": namespace}
+    cluster.apply(obj)
+    wait_policy_seen(cluster, namespace, _probe(namespace, {}))
+    plain = dry_run_pod(cluster, _probe(namespace, {}))
+    assert "initContainers" not in plain["spec"]  # the policy does not ask
+    asked = dry_run_pod(cluster, _probe(namespace, {"kubeckpt.io/instrumentation-auto": "true"}))
+    [init] = asked["spec"]["initContainers"]
+    assert init["name"] == RUNTIME_INIT_CONTAINER and init["image"] == DEFAULT_RUNTIME_IMAGE
+    env = {e["name"]: e.get("value") for e in asked["spec"]["containers"][0]["env"]}
+    assert env["PYTHONPATH"] == f"{RUNTIME_DIR}/kubeckpt-hook:{RUNTIME_DIR}"
