@@ -53,7 +53,8 @@ def async_unsupported(trainer: Any) -> str | None:
 
     FSDP and DeepSpeed save sharded state through their own collectives; XLA, SageMaker MP and the
     other accelerators have RNG and save paths of their own; a push to the Hub reads the files the
-    moment they are written; a model sharded at load time gathers its state with collectives.
+    moment they are written, and load_best_model_at_end reads one back as soon as training ends; a
+    model sharded at load time gathers its state with collectives.
     """
     from transformers.utils import (
         is_sagemaker_mp_enabled,
@@ -72,6 +73,8 @@ def async_unsupported(trainer: Any) -> str | None:
         return "a model sharded at load time"
     if trainer.args.push_to_hub:
         return "push_to_hub"
+    if trainer.args.load_best_model_at_end:
+        return "load_best_model_at_end"  # the Trainer reads the best checkpoint back at the end
     for name, available in (
         ("XLA", is_torch_xla_available),
         ("SageMaker MP", is_sagemaker_mp_enabled),

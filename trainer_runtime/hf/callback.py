@@ -283,8 +283,6 @@ class KubeckptCallback(TrainerCallback):
         if self.config.settings.checkpoint_strategy == "epoch" or control.should_save:
             self._decide(state, control, end_of_epoch=True)
 
-    # --- after the Trainer's _save_checkpoint ---
-
     # --- async saves ---
 
     def stages(self, step: int) -> bool:
@@ -387,6 +385,8 @@ class KubeckptCallback(TrainerCallback):
             c = self.progress.checkpointing
             c.extra["failedSaves"] = self.failed_saves
             c.extra["lastError"] = error[:300]
+
+    # --- after the Trainer's _save_checkpoint (or our staging) ---
 
     def on_save(self, args, state, control, **kwargs):
         if not self.config.enabled:

@@ -154,3 +154,21 @@ def test_write_killed_before_finalize_leaves_it_incomplete(tmp_path, monkeypatch
     assert (root / "checkpoint-8" / INCOMPLETE_SENTINEL).exists()
     assert resume_checkpoint(root) == str(root / "checkpoint-4")
     gate.release.set()
+
+
+@pytest.mark.parametrize(
+    ("attrs", "arg", "reason"),
+    [
+        ({"is_fsdp_enabled": True}, {}, "FSDP"),
+        ({"is_deepspeed_enabled": True}, {}, "DeepSpeed"),
+        ({}, {"push_to_hub": True}, "push_to_hub"),
+        ({}, {"load_best_model_at_end": True}, "load_best_model_at_end"),
+        ({}, {}, None),
+    ],
+)
+def test_sharded_and_special_saves_stay_synchronous(attrs, arg, reason):
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(**{"push_to_hub": False, "load_best_model_at_end": False, **arg})
+    trainer = SimpleNamespace(args=args, **attrs)
+    assert async_save.async_unsupported(trainer) == reason
