@@ -1,9 +1,11 @@
 """Progress controller at scale (issue 7): N PyTorchJobs of 2 pods each on KWOK, each master's
 progress file rewritten every `--update` seconds; kubeckpt-reconciler runs as its own process.
 
-Usage: python hack/bench/progress_bench.py [--jobs 1000] [--update 10] [--measure 180]
+Usage: python hack/bench/progress_bench.py [--jobs 1000] [--update 10] [--measure SECONDS]
            [-- extra kubeckpt-reconciler flags, e.g. --exec-qps 100]
-(starts its own local control plane for the run)
+(starts its own local control plane for the run; --update 30 or 60 for slower jobs: the records
+say stepSeconds = update / PROGRESS_UPDATE_FREQUENCY, so the controller knows the file's period
+and never polls faster; --measure defaults to max(150, 6 x update) s)
 
 The jobs are suspended (`runPolicy.suspend`), so the training-operator makes no pods; the bench
 creates each job's master and worker pods itself (labelled as the operator labels them, marked as
@@ -11,8 +13,11 @@ injected, bound to a KWOK node) and one KWOK Exec per master serving a directory
 
 Reported: freshness lag (file rewritten -> TrainingProgress status shows that step, seen by a
 watch) p50/p95/max; the controller's API requests per second by verb (its own /metrics, over the
-measurement window); execs and status writes per job per polling interval; CPU seconds and peak
-RSS (VmHWM) of the controller process; writes skipped because nothing changed.
+measurement window); the polling interval set (the schedule's, from the controller's defaults
+and the file's period) and the one in force (measured: seconds between execs of a job); lag over
+the interval in force; execs and status writes per job per interval and per file rewrite; status
+writes that changed nothing but lastPollTime, seen by the watch (must be 0); CPU seconds and peak
+RSS (VmHWM) of the controller process; reads that wrote nothing because nothing changed.
 """
 
 from __future__ import annotations
@@ -37,15 +42,18 @@ sys.path[:0] = [str(REPO), str(REPO / "hack")]
 from localcluster import LocalCluster  # noqa: E402
 from reconciler import Client, Informer  # noqa: E402
 from reconciler.config import load_kubeconfig  # noqa: E402
+from reconciler.progress.schedule import PollSettings  # noqa: E402
+from reconciler.progress.status import changed  # noqa: E402
 from reconciler.resources import PODS, Resource  # noqa: E402
 
 NS = "bench"
 EXECS = Resource("kwok.x-k8s.io", "v1alpha1", "execs", "Exec")
 JOBS = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
 TPS = Resource("kubeckpt.io", "v1alpha1", "trainingprogresses", "TrainingProgress")
+FREQUENCY = 5  # PROGRESS_UPDATE_FREQUENCY in the pods: the file is written every 5 steps
 
 
-def record(step: int) -> bytes:
+def record(step: int, update: float = 10.0) -> bytes:
     return json.dumps(
         {
             "step": step,
@@ -53,7 +61,7 @@ def record(step: int) -> bytes:
             "loss": f"{1 / (step + 1):.4f}",
             "percentComplete": f"{step / 1000:.1f}",
             "estimatedTimeRemaining": "10h",
-            "stepSeconds": "2.0",
+            "stepSeconds": f"{update / FREQUENCY:g}",
             "lastUpdateTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "checkpointing": {
                 "enabled": True,
@@ -79,7 +87,7 @@ async def gather_bounded(n: int, coros) -> None:
     await asyncio.gather(*(one(c) for c in coros))
 
 
-async def setup(client: Client, root: Path, jobs: int) -> list[Path]:
+async def setup(client: Client, root: Path, jobs: int, update: float) -> list[Path]:
     paths = []
     job_api, pod_api, exec_api = client.api(JOBS), client.api(PODS), client.api(EXECS)
     template = {"spec": {"containers": [{"name": "pytorch", "image": "x"}]}}
@@ -89,7 +97,7 @@ async def setup(client: Client, root: Path, jobs: int) -> list[Path]:
         d = root / name
         d.mkdir(parents=True, exist_ok=True)
         path = d / "progress.json"
-        write(path, record(1))
+        write(path, record(1, update))
         paths.append(path)
         job = {
             "apiVersion": "kubeflow.org/v1",
@@ -137,7 +145,10 @@ async def setup(client: Client, root: Path, jobs: int) -> list[Path]:
                                     "image": "x",
                                     "env": [
                                         {"name": "TRAINING_PROGRESS_FILE", "value": str(path)},
-                                        {"name": "PROGRESS_UPDATE_FREQUENCY", "value": "5"},
+                                        {
+                                            "name": "PROGRESS_UPDATE_FREQUENCY",
+                                            "value": str(FREQUENCY),
+                                        },
                                     ],
                                 }
                             ],
@@ -176,10 +187,12 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--update", type=float, default=10.0, help="seconds between file rewrites")
-    ap.add_argument("--measure", type=float, default=180.0)
+    ap.add_argument("--measure", type=float, default=None, help="default max(150, 6 x update)")
     ap.add_argument("--warmup-timeout", type=float, default=600.0)
     ap.add_argument("extra", nargs="*", help="extra kubeckpt-reconciler flags (after --)")
     args = ap.parse_args()
+    if args.measure is None:
+        args.measure = max(150.0, 6 * args.update)
 
     cluster = LocalCluster(nodes=3)
     cluster.start()
@@ -210,7 +223,7 @@ async def main() -> None:
         root = cluster.workdir / "bench-exec"  # type: ignore[operator]
         async with Client(cfg) as client:
             t0 = time.monotonic()
-            paths = await setup(client, root, args.jobs)
+            paths = await setup(client, root, args.jobs, args.update)
             print(
                 f"setup: {args.jobs} jobs, {2 * args.jobs} pods in {time.monotonic() - t0:.0f}s",
                 flush=True,
@@ -233,17 +246,27 @@ async def main() -> None:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+            started = time.monotonic()
             tps = Informer(client.api(TPS), namespace=NS)
             written: dict[str, tuple[int, float]] = {}
             lags: list[float] = []
             tp_writes = [0]
+            unchanged_writes = [0]
+            per_job: dict[str, int] = {}
 
             def on_tp(_old, new=None) -> None:
                 # Lag: from the first rewrite the status did not show yet to the status showing
                 # a newer step (what a reader of `kubectl get tp` waits for).
                 obj = new if new is not None else _old
                 name = obj["metadata"]["name"]
+                if new is not None:
+                    old_st, new_st = _old.get("status") or {}, new.get("status") or {}
+                    if old_st == new_st:
+                        return  # not a status write (metadata only, or a relist)
+                    if not changed(old_st, new_st):
+                        unchanged_writes[0] += 1  # only lastPollTime moved
                 tp_writes[0] += 1
+                per_job[name] = per_job.get(name, 0) + 1
                 step = (obj.get("status") or {}).get("step")
                 w = written.get(name)
                 if w is not None and step is not None and step >= w[0]:
@@ -266,7 +289,8 @@ async def main() -> None:
             before = scrape(port)
             cpu0, _ = proc_stats(proc.pid)
             lags.clear()
-            tp_writes[0] = 0
+            tp_writes[0] = unchanged_writes[0] = 0
+            per_job.clear()
             start = time.monotonic()
             step = 1
             # Rewrite every file once per period, spread over it.
@@ -277,12 +301,13 @@ async def main() -> None:
                     target = period_start + args.update * i / len(paths)
                     if (delay := target - time.monotonic()) > 0:
                         await asyncio.sleep(delay)
-                    write(path, record(step))
+                    write(path, record(step, args.update))
                     # keep the first write the status has not shown yet
                     written.setdefault(path.parent.name, (step, time.monotonic()))
                 if (delay := period_start + args.update - time.monotonic()) > 0:
                     await asyncio.sleep(delay)
             elapsed = time.monotonic() - start
+            jobs_age = time.monotonic() - started  # the controller first saw the jobs at start
             after = scrape(port)
             cpu1, hwm = proc_stats(proc.pid)
             await asyncio.sleep(0)
@@ -291,20 +316,57 @@ async def main() -> None:
         rates = {v: round((after.get(v, 0) - before.get(v, 0)) / elapsed, 2) for v in after}
         reads = after.get("progress_reads", 0) - before.get("progress_reads", 0)
         writes = after.get("progress_writes", 0) - before.get("progress_writes", 0)
+        # The schedule's interval for these jobs: young (early) or recently changed (recent),
+        # never under the file's period; jitter adds half its bound on average.
+        ps = PollSettings()
+        base = ps.early if jobs_age < ps.early_window else ps.recent
+        interval_set = max(base, args.update) * (1 + ps.jitter / 2)
+        in_force = elapsed * args.jobs / reads if reads else None
+        rewrites = elapsed / args.update
         result = {
             "jobs": args.jobs,
             "update_seconds": args.update,
             "measure_seconds": round(elapsed),
             "flags": args.extra,
+            "interval_set_mean_s": round(interval_set, 2),
+            "interval_in_force_s": round(in_force, 2) if in_force else None,
             "lag_samples": len(lags),
             "lag_p50_s": round(statistics.median(lags), 2) if lags else None,
             "lag_p95_s": round(lags[int(0.95 * (len(lags) - 1))], 2) if lags else None,
             "lag_max_s": round(lags[-1], 2) if lags else None,
+            "lag_p50_over_interval_in_force": (
+                round(statistics.median(lags) / in_force, 2) if lags and in_force else None
+            ),
+            "lag_p95_over_interval_in_force": (
+                round(lags[int(0.95 * (len(lags) - 1))] / in_force, 2)
+                if lags and in_force
+                else None
+            ),
+            "lag_p95_over_interval_set": (
+                round(lags[int(0.95 * (len(lags) - 1))] / interval_set, 2) if lags else None
+            ),
             "api_requests_per_s_by_verb": rates,
             "execs_per_job_per_min": round(reads / args.jobs / elapsed * 60, 2),
             "status_writes_per_job_per_min": round(writes / args.jobs / elapsed * 60, 2),
+            "execs_per_job_per_interval_set": round(
+                reads / args.jobs / (elapsed / interval_set), 2
+            ),
+            "writes_per_job_per_interval_set": round(
+                writes / args.jobs / (elapsed / interval_set), 2
+            ),
+            "execs_per_job_per_rewrite": round(reads / args.jobs / rewrites, 2),
+            "writes_per_job_per_rewrite": round(writes / args.jobs / rewrites, 2),
+            "max_tp_writes_of_one_job_per_rewrite": (
+                round(max(per_job.values()) / rewrites, 2) if per_job else None
+            ),
             "tp_status_updates_seen_per_job_per_min": round(
                 tp_writes[0] / args.jobs / elapsed * 60, 2
+            ),
+            "writes_without_change_seen": unchanged_writes[0],
+            "reads_without_change_per_s": round(
+                (after.get("progress_skipped_writes", 0) - before.get("progress_skipped_writes", 0))
+                / elapsed,
+                2,
             ),
             "controller_cpu_s_per_s": round((cpu1 - cpu0) / elapsed, 3),
             "controller_peak_rss_mb": round(hwm / 2**20),
