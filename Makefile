@@ -40,8 +40,8 @@ test: venv binaries lint ## everything: lint, unit tests, tests on the local con
 test-unit: venv ## only the tests that need no control plane
 	$(PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
 
-demo: venv binaries ## a local control plane, a PyTorchJob on it, shown with kubectl
-	$(PY) hack/demo.py
+demo: venv binaries ## the add-on on a local control plane: inject, train, preempt, resume (kubectl)
+	$(PY) hack/demo.py $(DEMO_ARGS)
 
 cluster-up: venv binaries ## start the local control plane in the background (.cluster/kubeconfig)
 	$(PY) -m localcluster start
