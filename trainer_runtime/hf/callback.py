@@ -134,6 +134,8 @@ class KubeckptCallback(TrainerCallback):
         # Async saves (set up by kubeckpt_trainer): at most one between staging and finalization.
         self.async_save = False
         self.stager: Any = None
+        self._trainer: Any = None
+        self._warmed = False
         self._executor: ThreadPoolExecutor | None = None
         self._pending: _Pending | None = None
         self._finalizing: tuple[_Pending, Future] | None = None  # rank 0
@@ -273,6 +275,13 @@ class KubeckptCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.timer.observe(state.global_step)
+        if self.stager is not None and not self._warmed:
+            # After the first optimizer step, when Adam & co. have their state.
+            self._warmed = True
+            try:
+                self.stager.warm(self._trainer)
+            except Exception as e:  # only an optimization: the first save allocates instead
+                log.warning("kubeckpt: cannot pre-allocate staging buffers: %s", e)
         if self._finalizing is not None:
             self._collect_finalize(wait=False)
         self._decide(state, control, end_of_epoch=False)
@@ -508,6 +517,7 @@ def _install_async_save(trainer: Any, callback: KubeckptCallback) -> None:
         return
     callback.async_save = True
     callback.stager = Stager()
+    callback._trainer = trainer
     own_save = trainer._save_checkpoint
 
     def save_checkpoint(model: Any, trial: Any = None) -> None:
