@@ -15,6 +15,7 @@ shim first on KWOK's PATH applies the same mapping; outside a pod root it is pla
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import json
 import os
@@ -167,7 +168,7 @@ def start_webhook(cluster: LocalCluster, logs: Path) -> tuple[subprocess.Popen[b
 
 
 def start_reconciler(cluster: LocalCluster, logs: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """kubeckpt-reconciler with leader election, polling every second (the demo is short)."""
+    """kubeckpt-reconciler with leader election, polling every 2 s (the demo is short)."""
     port = free_port()
     log = logs / "kubeckpt-reconciler.log"
     proc = spawn(
@@ -178,8 +179,9 @@ def start_reconciler(cluster: LocalCluster, logs: Path) -> tuple[subprocess.Pope
             "--leader-elect",
             "--bind-address=127.0.0.1",
             f"--port={port}",
-            "--poll-early=1",
-            "--poll-recent=1",
+            # Every 2 s: a short demo needs no less (the default is 15 s for a young job).
+            "--poll-early=2",
+            "--poll-recent=2",
             "--poll-stale=2",
         ],
         log,
@@ -273,6 +275,7 @@ class PodProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.root = Path()
         self.env: dict[str, str] = {}
+        self._pump_thread: threading.Thread | None = None
 
     def start(self) -> None:
         # The pod root is the KWOK Exec workDir: `kubectl exec` into the pod runs there.
@@ -310,7 +313,8 @@ class PodProcess:
             stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
         )
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -326,7 +330,14 @@ class PodProcess:
 
     def wait(self, timeout: float) -> int:
         assert self.proc is not None
-        return exit_code(self.proc.wait(timeout))
+        rc = exit_code(self.proc.wait(timeout))
+        self._drain()
+        return rc
+
+    def _drain(self) -> None:
+        """Every line the process wrote is in `lines` (the pipe is read on a thread)."""
+        if self._pump_thread is not None:
+            self._pump_thread.join(5)
 
     def grace_seconds(self) -> int:
         return int(self.pod["spec"].get("terminationGracePeriodSeconds") or 30)
@@ -374,6 +385,7 @@ class PodProcess:
             rc = self.proc.wait()
             out["killed"] = True
         out["rc"] = exit_code(rc)
+        self._drain()
         return out
 
     def termination_message(self) -> str:
@@ -390,11 +402,13 @@ class PodProcess:
             return {}
 
     def report_exit(self, rc: int, *, phase: str | None = None) -> None:
-        """The container's end in the pod's status, with its termination message."""
-        pod = pod_json(self.cluster, self.ns, self.name)
-        if pod is None or pod["metadata"]["uid"] != self.uid:
-            return
-        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        """The container's end in the pod's status, with its termination message.
+
+        Sent at once, from the statuses seen at start (no read first): the reconciler tells a
+        just-in-time checkpoint by the termination message that brings it, so the sooner the
+        better. The uid in the patch makes it fail rather than touch a same-named new pod.
+        """
+        statuses = copy.deepcopy((self.pod.get("status") or {}).get("containerStatuses") or [])
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         for cs in statuses:
             if cs.get("name") != self.container["name"]:
@@ -425,7 +439,7 @@ class PodProcess:
             "--subresource=status",
             "--type=merge",
             "-p",
-            json.dumps({"status": status}),
+            json.dumps({"metadata": {"uid": self.uid}, "status": status}),
         )
 
     def release(self) -> None:

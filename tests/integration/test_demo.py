@@ -38,5 +38,7 @@ def test_demo_preempts_and_resumes_at_the_jit_step() -> None:
     step = jit.group(1)
     assert f"train: resumed from checkpoint-{step} at step {step}" in out
     assert "train: finished at step 200" in out
-    for reason in ("CheckpointSaved", "JITCheckpoint", "Resumed", "Completed"):
+    for reason in ("CheckpointSaved", "Resumed", "Completed"):
         assert reason in out, reason
+    # JITCheckpoint unless an exec poll read the JIT checkpoint first (the demo then says so).
+    assert "JITCheckpoint" in out or "named it CheckpointSaved, not JITCheckpoint" in out
