@@ -270,8 +270,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
                 f"step {need} in the TrainingProgress",
                 timeout=120,
             )
-            out = show(cluster, "get", "tp", "-n", NAMESPACE)
-            seen.append(int(out.splitlines()[-1].split()[2]))
+            table = show(cluster, "get", "tp", "-n", NAMESPACE)
+            seen.append(int(table.splitlines()[-1].split()[2]))
         seen = seen[1:]
         checks.check(
             len(set(seen)) == 3 and seen == sorted(seen),
@@ -292,8 +292,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
         )
         preempt_step = int(tp_status(cluster).get("step") or 0)
         show(cluster, "delete", "pod", MASTER, "-n", NAMESPACE, "--wait=false")
-        out = _kubelet_terminate(cluster, first, checks)
-        jit_step = out["step"]
+        jit_step = _kubelet_terminate(cluster, first, checks)["step"]
         show(cluster, "get", "tp", "-n", NAMESPACE)
         say(f"   (the last poll before the delete saw step {preempt_step})")
 
