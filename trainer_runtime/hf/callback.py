@@ -298,18 +298,24 @@ class KubeckptCallback(TrainerCallback):
         """Whether the save the Trainer starts now is ours to stage (else its own runs)."""
         return self.async_save and self.config.enabled and self._saving_step == step
 
-    def submit(self, snapshot: Any, step: int, epoch: int) -> None:
-        """Hand a staged snapshot to the save thread (called right after staging)."""
+    def submit(self, snapshot: Any, step: int, epoch: int, error: str | None = None) -> None:
+        """Hand a staged snapshot to the save thread (called right after staging). A rank whose
+        staging failed passes `error` instead: it still has a save in flight, one that failed, so
+        every rank keeps taking part in the same agreements."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubeckpt-save")
-        path = Path(self.root, checkpoint_dir_name(step))
+        if error is None:
+            future = self._executor.submit(_persist, snapshot)
+        else:
+            future = Future()
+            future.set_result(error)
         self._pending = _Pending(
             step=step,
-            path=path,
+            path=Path(self.root, checkpoint_dir_name(step)),
             epoch=epoch,
             started=self._save_started,
             stall=_now() - self._save_started,
-            future=self._executor.submit(_persist, snapshot),
+            future=future,
         )
         self._saving_step = None
         self._saved_step = step
@@ -349,7 +355,7 @@ class KubeckptCallback(TrainerCallback):
             layout.finalize(pending.path, manifest)
             fsync_dir(self.root)
             layout.retain(self.root, self.keep)
-        except (OSError, ValueError) as e:
+        except Exception as e:  # reported at the next step, never raised into training
             log.error("kubeckpt: cannot complete checkpoint %s: %s", pending.path, e)
             return f"{type(e).__name__}: {e}"
         return None
@@ -524,7 +530,13 @@ def _install_async_save(trainer: Any, callback: KubeckptCallback) -> None:
         step = trainer.state.global_step
         if trial is not None or not callback.stages(step):
             return own_save(model, trial)  # not one of our saves: the Trainer's own, as before
-        snapshot = stage(trainer, callback.stager, step)
-        callback.submit(snapshot, step, int(trainer.state.epoch or 0))
+        epoch = int(trainer.state.epoch or 0)
+        try:
+            snapshot = stage(trainer, callback.stager, step)
+        except Exception as e:  # this save fails (on every rank, by agreement); training goes on
+            log.error("kubeckpt: cannot stage the checkpoint at step %d: %s", step, e)
+            callback.submit(None, step, epoch, error=f"staging: {type(e).__name__}: {e}")
+            return
+        callback.submit(snapshot, step, epoch)
 
     trainer._save_checkpoint = save_checkpoint

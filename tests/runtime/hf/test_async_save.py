@@ -196,3 +196,19 @@ def test_staging_buffers_are_allocated_ahead_and_reused(tmp_path):
     assert any(k[0] == "optim" for k in warmed)
     assert buffers.keys() == warmed.keys()
     assert all(buffers[k] is warmed[k] for k in warmed)
+
+
+def test_failed_staging_fails_that_save_only(tmp_path, monkeypatch):
+    stage = async_save.stage
+
+    def broken(trainer, stager, step):
+        if step == 4:
+            raise RuntimeError("cannot copy")
+        return stage(trainer, stager, step)
+
+    monkeypatch.setattr(async_save, "stage", broken)
+    trainer = kubeckpt_trainer(_trainer(tmp_path), Config.from_env(_env(tmp_path)))
+    trainer.train()
+    assert trainer.state.global_step == 10 and trainer.kubeckpt.failed_saves == 1
+    assert "cannot copy" in trainer.kubeckpt.last_error
+    assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(8, True)]
