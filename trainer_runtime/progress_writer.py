@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from .contract import (
+    LATEST_CHECKPOINT_REASON,
+    REASON_JIT,
+    REASON_PERIODIC,
+    REASON_RESUME,
     CheckpointingStatus,
     ProgressRecord,
     format_decimal,
@@ -72,7 +76,12 @@ class ProgressWriter:
     # --- state the manager feeds in ---
 
     def checkpoint_saved(
-        self, location: str, *, save_seconds: float, stall_seconds: float | None
+        self,
+        location: str,
+        *,
+        save_seconds: float,
+        stall_seconds: float | None,
+        reason: str = REASON_PERIODIC,
     ) -> None:
         c = self.checkpointing
         c.latest_checkpoint = location
@@ -81,6 +90,21 @@ class ProgressWriter:
         c.last_save_seconds = format_decimal(max(0.0, save_seconds), 3)
         if stall_seconds is not None:
             c.last_stall_seconds = format_decimal(max(0.0, stall_seconds), 4)
+        c.extra[LATEST_CHECKPOINT_REASON] = reason
+
+    def checkpoint_was_jit(self) -> None:
+        """The latest checkpoint is also the just-in-time one (a stop at a step already saved)."""
+        if self.checkpointing.latest_checkpoint:
+            self.checkpointing.extra[LATEST_CHECKPOINT_REASON] = REASON_JIT
+
+    def resumed(self, name: str, location: str, saved_time: str | None = None) -> None:
+        """Resumed from `location` (`name` = checkpoint-<step>): until this process saves, that is
+        the latest checkpoint, so `kubectl get tp` does not go blank after every restart."""
+        self.resumed_from = name
+        c = self.checkpointing
+        c.latest_checkpoint = location
+        c.latest_checkpoint_time = saved_time
+        c.extra[LATEST_CHECKPOINT_REASON] = REASON_RESUME
 
     def build(
         self,

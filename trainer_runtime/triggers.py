@@ -45,14 +45,29 @@ class SignalTrigger:
         self.installed = True
         return True
 
-    def uninstall(self) -> None:
+    def uninstall(self, *, stopping: bool = False) -> None:
+        """Give the signals back. `stopping`: training was stopped for a just-in-time checkpoint,
+        so the process is on its way out; the SIGTERM a kubelet sends after preStop (or a second
+        one) must not turn that clean exit into a 143. The handler stays, only logging; the
+        kubelet's SIGKILL at the end of the grace period still bounds the exit."""
         if not self.installed:
             return
         for sig, previous in self._previous.items():
-            if signal.getsignal(sig) == self._handle:
+            if signal.getsignal(sig) != self._handle:
+                continue  # someone else's since: leave it
+            if stopping:
+                signal.signal(sig, self._after_stop)
+            else:
                 signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
+        if not stopping:
+            self._previous.clear()
         self.installed = False
+
+    def _after_stop(self, signum: int, frame: FrameType | None) -> None:
+        log.info("kubeckpt: signal %d after the just-in-time checkpoint; exiting normally", signum)
+        previous = self._previous.get(signum)
+        if callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN):
+            previous(signum, frame)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.fired = True

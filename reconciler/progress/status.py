@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from trainer_runtime.contract.progress import ProgressRecord, format_rfc3339, parse_rfc3339
+from trainer_runtime.contract.progress import (
+    LATEST_CHECKPOINT_REASON,
+    REASON_JIT,
+    REASON_RESUME,
+    ProgressRecord,
+    format_rfc3339,
+    parse_rfc3339,
+)
 
 API_VERSION = "kubeckpt.io/v1alpha1"
 KIND = "TrainingProgress"
@@ -54,6 +61,7 @@ _CHECKPOINTING_FIELDS: dict[str, tuple[str, int]] = {
     "latestCheckpointTime": ("time", 0),
     "lastSaveSeconds": ("decimal", 64),
     "lastStallSeconds": ("decimal", 64),
+    LATEST_CHECKPOINT_REASON: ("text", 32),
 }
 # What the record gives; the rest of the status (conditions, source, ...) is the controller's.
 RECORD_KEYS = (*_FIELDS, "checkpointing")
@@ -157,6 +165,30 @@ def _step_of(status: dict[str, Any]) -> int | None:
     return step if isinstance(step, int) else None
 
 
+def _checkpoint_events(
+    ck: dict[str, Any], prev_ck: dict[str, Any], step: int, obs: Observation
+) -> list[Event]:
+    """CheckpointSaved or JITCheckpoint, once per checkpoint. The runtime says why it saved
+    (`latestCheckpointReason`); a record without it (an older runtime) is taken as a JIT save
+    when it came from the termination message of a job that has not succeeded."""
+    latest = ck.get("latestCheckpoint")
+    if not latest:
+        return []
+    jit = Event("Normal", "JITCheckpoint", f"checkpoint on shutdown at step {step}: {latest}")
+    reason = ck.get(LATEST_CHECKPOINT_REASON)
+    new_path = latest != prev_ck.get("latestCheckpoint")
+    if reason == REASON_RESUME:
+        return []  # the checkpoint resumed from: the Resumed event tells of it
+    if reason == REASON_JIT and (new_path or prev_ck.get(LATEST_CHECKPOINT_REASON) != REASON_JIT):
+        # A stop at a step already saved turns that checkpoint into the JIT one: say so once.
+        return [jit]
+    if not new_path:
+        return []
+    if reason is None and obs.source == "terminationMessage" and obs.outcome != "Succeeded":
+        return [jit]
+    return [Event("Normal", "CheckpointSaved", f"checkpoint at step {step}: {latest}")]
+
+
 def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Decision:
     """The status to store and the events to send, from the stored status and an observation."""
     prev = copy.deepcopy(prev or {})
@@ -189,7 +221,7 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
             went_back = prev_step is not None and rec.step < prev_step
             if resumed or (went_back and not same_pod):
                 frm = new.get("resumedFrom") or "an earlier checkpoint"
-                events.append(Event("Normal", "Resumed", f"resumed from {frm} at step {rec.step}"))
+                events.append(Event("Normal", "Resumed", f"resumed from {frm}; step {rec.step}"))
             total = f" of {rec.total_steps}" if rec.total_steps else ""
             if resumed:
                 conds = set_condition(
@@ -234,22 +266,7 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
                     "no complete checkpoint has been written yet",
                     now,
                 )
-            if latest and latest != prev_ck.get("latestCheckpoint"):
-                jit = obs.source == "terminationMessage" and obs.outcome != "Succeeded"
-                if jit:
-                    events.append(
-                        Event(
-                            "Normal",
-                            "JITCheckpoint",
-                            f"checkpoint on shutdown at step {rec.step}: {latest}",
-                        )
-                    )
-                else:
-                    events.append(
-                        Event(
-                            "Normal", "CheckpointSaved", f"checkpoint at step {rec.step}: {latest}"
-                        )
-                    )
+            events += _checkpoint_events(ck, prev_ck, rec.step, obs)
             # Stalled clears when the step advances.
             if prev_step is None or rec.step != prev_step:
                 if (c := condition(conds, STALLED)) is not None and c.get("status") == "True":

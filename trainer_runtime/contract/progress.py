@@ -56,6 +56,13 @@ _CHECKPOINTING_FIELDS: Final = (
     ("lastSaveSeconds", "last_save_seconds", _NN_DECIMAL),
     ("lastStallSeconds", "last_stall_seconds", _NN_DECIMAL),
 )
+# An extension key of `checkpointing` (readers keep unknown keys, so older readers are unaffected):
+# why the latest checkpoint exists, so the reconciler names its Event from the record rather than
+# guessing from how it read it (a JIT save's record is often read by exec before the exit).
+LATEST_CHECKPOINT_REASON: Final = "latestCheckpointReason"
+REASON_PERIODIC: Final = "periodic"
+REASON_JIT: Final = "jit"  # saved because of SIGTERM or the preStop request
+REASON_RESUME: Final = "resume"  # the checkpoint this process resumed from, nothing new
 _RECORD_KEYS: Final = frozenset(k for k, _, _ in _RECORD_FIELDS) | {"checkpointing"}
 _CHECKPOINTING_KEYS: Final = frozenset(k for k, _, _ in _CHECKPOINTING_FIELDS)
 

@@ -176,6 +176,7 @@ class CheckpointManager:
         self.epoch = 0
         self.step = 0
         self.resumed_from: str | None = None  # "checkpoint-<step>"
+        self._loaded_time: str | None = None  # the resumed checkpoint's manifest time
         self.resumed_tier: str | None = None  # "local" or "persistent"
         self.last_result: SaveResult | None = None
         self.last_error: str | None = None
@@ -245,7 +246,7 @@ class CheckpointManager:
                 self.step = step
                 self.resumed_from = checkpoint_dir_name(step)
                 self.resumed_tier = tier.name
-                self.progress.resumed_from = self.resumed_from
+                self.progress.resumed(self.resumed_from, tier.location(step), self._loaded_time)
                 if tier is self.persistent:
                     self._durable_step = step
                 self._schedule.restart_interval()
@@ -325,6 +326,7 @@ class CheckpointManager:
         touched = False
         try:
             manifest = read_manifest(path)
+            self._loaded_time = manifest.time
             info = manifest.extra.get("kubeckpt", {})
             fmt = info.get("format", "plain") if isinstance(info, dict) else "plain"
             small = self._read_small(path, manifest, fmt)
@@ -510,6 +512,8 @@ class CheckpointManager:
             ok = result is not None and result.ok
             where = next(iter(result.locations.values()), None) if result and result.ok else None
             error = result.error if result else "no checkpoint tier configured"
+        if ok:
+            self.progress.checkpoint_was_jit()
         if self._request is not None and self.local_rank == 0:
             detail: dict[str, Any] = {"step": step}
             if where:
@@ -830,7 +834,7 @@ class CheckpointManager:
             for hook in self._hooks:
                 hook.remove()
             if self._signal is not None:
-                self._signal.uninstall()
+                self._signal.uninstall(stopping=self.stopped)
             self._executor.shutdown(wait=True)
             if not self.stopped:
                 self._write_progress(self.step, *self._last_report, final=True)

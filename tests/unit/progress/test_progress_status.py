@@ -180,3 +180,35 @@ def test_not_injected_once_per_pod_and_cleared() -> None:
         condition(decide({}, Observation(not_injected=[]), NOW).status["conditions"], "Injected")
         is None
     )
+
+
+def test_checkpoint_events_follow_the_reason_the_runtime_gives() -> None:
+    base = {"enabled": True, "checkpointsCreated": 1}
+    periodic = dict(base, latestCheckpoint="/c/checkpoint-10", latestCheckpointReason="periodic")
+    d1 = decide({}, Observation(pod="p", record=rec(checkpointing=periodic), source="exec"), NOW)
+    assert [e.reason for e in d1.events] == ["CheckpointSaved"]
+    # A JIT save read by exec before the container exited is still a JITCheckpoint.
+    jit = dict(base, latestCheckpoint="/c/checkpoint-12", latestCheckpointReason="jit")
+    obs = Observation(pod="p", record=rec(step=12, checkpointing=jit), source="exec")
+    d2 = decide(d1.status, obs, NOW)
+    assert [e.reason for e in d2.events] == ["JITCheckpoint"]
+    assert d2.status["checkpointing"]["latestCheckpointReason"] == "jit"
+    # The termination message with the same record later: nothing new.
+    obs = Observation(pod="p", record=rec(step=12, checkpointing=jit), source="terminationMessage")
+    assert decide(d2.status, obs, NOW).events == []
+    # A stop at a step already saved turns that checkpoint into the JIT one: said once.
+    again = dict(periodic, latestCheckpointReason="jit")
+    d3 = decide(d1.status, Observation(pod="p", record=rec(checkpointing=again)), NOW)
+    assert [e.reason for e in d3.events] == ["JITCheckpoint"]
+    same = Observation(pod="p", record=rec(checkpointing=again))
+    assert decide(d3.status, same, NOW).events == []
+    # The resumed run's first record names the checkpoint it resumed from: only Resumed.
+    resumed = dict(base, latestCheckpoint="/c/checkpoint-12", latestCheckpointReason="resume")
+    r = rec(step=12, resumedFrom="checkpoint-12", checkpointing=resumed)
+    d4 = decide(d2.status, Observation(pod="p2", record=r, source="exec", new_pod=True), NOW)
+    assert [e.reason for e in d4.events] == ["Resumed"]
+    # A periodic save in the last record of a succeeded job is not a JIT one.
+    last = dict(base, latestCheckpoint="/c/checkpoint-20", latestCheckpointReason="periodic")
+    r = rec(step=20, checkpointing=last)
+    obs = Observation(pod="p2", record=r, source="terminationMessage")
+    assert [e.reason for e in decide(d4.status, obs, NOW).events] == ["CheckpointSaved"]
