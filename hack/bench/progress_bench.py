@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -46,6 +47,7 @@ from reconciler.config import load_kubeconfig  # noqa: E402
 from reconciler.progress.schedule import PollSettings  # noqa: E402
 from reconciler.progress.status import changed  # noqa: E402
 from reconciler.resources import PODS, Resource  # noqa: E402
+from trainer_runtime.contract.progress import parse_rfc3339  # noqa: E402
 
 NS = "bench"
 EXECS = Resource("kwok.x-k8s.io", "v1alpha1", "execs", "Exec")
@@ -260,6 +262,7 @@ async def main() -> None:
             tp_writes = [0]
             unchanged_writes = [0]
             per_job: dict[str, int] = {}
+            polls: dict[str, list[float]] = {}  # lastPollTime of each status write, per job
 
             def on_tp(_old, new=None) -> None:
                 # Lag: from the first rewrite the status did not show yet to the status showing
@@ -274,6 +277,8 @@ async def main() -> None:
                         unchanged_writes[0] += 1  # only lastPollTime moved
                 tp_writes[0] += 1
                 per_job[name] = per_job.get(name, 0) + 1
+                if (polled := (obj.get("status") or {}).get("lastPollTime")) is not None:
+                    polls.setdefault(name, []).append(parse_rfc3339(polled).timestamp())
                 step = (obj.get("status") or {}).get("step")
                 w = written.get(name)
                 if w is not None and step is not None and step >= w[0]:
@@ -298,6 +303,7 @@ async def main() -> None:
             lags.clear()
             tp_writes[0] = unchanged_writes[0] = 0
             per_job.clear()
+            polls.clear()
             start = time.monotonic()
             step = 1
             # Rewrite every file once per period, spread over it: in job order (the order the
@@ -338,7 +344,13 @@ async def main() -> None:
         ps = PollSettings()
         base = ps.early if jobs_age < ps.early_window else ps.recent
         interval_set = max(base, args.update) * (1 + ps.jitter / 2)
-        in_force = elapsed * args.jobs / reads if reads else None
+        # The interval in force: seconds between a job's polls, from the lastPollTime of its
+        # consecutive status writes (1 s resolution; a poll that found no change and wrote
+        # nothing makes one gap twice as long, hence the median). Counting reads over the window
+        # instead is biased when the window holds few intervals: the polls of all jobs start
+        # together at warm-up.
+        gaps = [b - a for ts in polls.values() for a, b in itertools.pairwise(ts) if b > a]
+        in_force = statistics.median(gaps) if gaps else None
         rewrites = elapsed / args.update
         result = {
             "jobs": args.jobs,
@@ -348,6 +360,8 @@ async def main() -> None:
             "phase": "random" if args.random_phase else "job order",
             "interval_set_mean_s": round(interval_set, 2),
             "interval_in_force_s": round(in_force, 2) if in_force else None,
+            "interval_in_force_mean_s": round(statistics.fmean(gaps), 2) if gaps else None,
+            "interval_by_read_count_s": round(elapsed * args.jobs / reads, 2) if reads else None,
             "lag_samples": len(lags),
             "lag_p50_s": round(statistics.median(lags), 2) if lags else None,
             "lag_p95_s": round(lags[int(0.95 * (len(lags) - 1))], 2) if lags else None,
