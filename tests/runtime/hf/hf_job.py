@@ -8,6 +8,7 @@ rank 0 also writes the final parameters.
 from __future__ import annotations
 
 import argparse
+import errno
 import faulthandler
 import json
 import os
@@ -73,6 +74,20 @@ def die_in_save(trainer: Trainer, step: int) -> None:
     trainer._save_rng_state = dying
 
 
+def full_disk(step: int) -> None:
+    """This rank's async write of `step` fails as on a full disk (after writing part of it)."""
+    from trainer_runtime.hf import async_save
+
+    persist = async_save.Snapshot.persist
+
+    def failing(snapshot: async_save.Snapshot) -> list[str]:
+        if snapshot.output_dir.endswith(f"checkpoint-{step}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return persist(snapshot)
+
+    async_save.Snapshot.persist = failing  # type: ignore[method-assign]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--status-dir", type=Path, required=True)
@@ -85,6 +100,10 @@ def main() -> None:
     parser.add_argument(
         "--resume-latest", action="store_true", help="train(resume_from_checkpoint=True)"
     )
+    parser.add_argument(
+        "--enospc-at", type=int, default=0, help="this rank's async write fails at this step"
+    )
+    parser.add_argument("--enospc-rank", type=int, default=1)
     a = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test can see where a rank hangs
@@ -130,6 +149,8 @@ def main() -> None:
         trainer = kubeckpt_trainer(trainer)
     if a.die_in_save:
         die_in_save(trainer, a.die_in_save)
+    if a.enospc_at and rank == a.enospc_rank:
+        full_disk(a.enospc_at)
     trainer.train(resume_from_checkpoint=True if a.resume_latest else None)
     kubeckpt = getattr(trainer, "kubeckpt", None)
     (a.status_dir / f"stopped-{rank}.json").write_text(

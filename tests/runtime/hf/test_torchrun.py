@@ -108,6 +108,22 @@ def test_sigterm_one_rank_both_save_same_step_and_resume_exactly(tmp_path: Path)
     assert_same_files(ref / "status" / "final.pt", status / "final.pt")
 
 
+def test_one_ranks_failed_write_fails_that_save_on_all_and_training_goes_on(tmp_path: Path) -> None:
+    """Rank 1's async write of checkpoint-4 fails (ENOSPC): the ranks' flags on the per-step
+    agreement say so, rank 0 never finalizes it and removes it; both ranks train to the end."""
+    root = tmp_path / "job"
+    status = root / "status"
+    env = {**_env(root, True), "CHECKPOINT_SAVE_STEPS": "4", "CHECKPOINT_MAX_CHECKPOINTS": "3"}
+    proc = start(_argv(status, 0.0, "--enospc-at=4"), env, tmp_path / "run.log")
+    assert finish(proc) == 0, tail(tmp_path / "run.log")
+    steps = [json.loads((status / f"stopped-{r}.json").read_text())["step"] for r in (0, 1)]
+    assert steps == [STEPS, STEPS]
+    assert [(e.step, e.complete) for e in layout.scan(root / "ckpt")] == [(8, True), (12, True)]
+    checkpointing = json.loads((root / "progress.json").read_text())["checkpointing"]
+    assert checkpointing["failedSaves"] == 1 and checkpointing["checkpointsCreated"] == 2
+    assert "No space left" in (tmp_path / "run.log").read_text(errors="replace")
+
+
 def _step(status: Path, rank: int) -> int:
     try:
         return int((status / f"step-{rank}").read_text())
