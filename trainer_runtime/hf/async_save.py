@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import Trainer
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 from transformers.training_args import ParallelMode
@@ -47,6 +48,17 @@ OPTIMIZER_NAME = "optimizer.pt"
 SCHEDULER_NAME = "scheduler.pt"
 SCALER_NAME = "scaler.pt"
 SAFE_WEIGHTS_NAME = "model.safetensors"
+
+
+# What staging does instead of these; a Trainer that changes any of them keeps its own save.
+_SAVE_METHODS = (
+    "_save_checkpoint",
+    "save_model",
+    "_save",
+    "_save_optimizer_and_scheduler",
+    "_save_scaler",
+    "_save_rng_state",
+)
 
 
 def async_unsupported(trainer: Any) -> str | None:
@@ -76,6 +88,11 @@ def async_unsupported(trainer: Any) -> str | None:
         return "push_to_hub"
     if trainer.args.load_best_model_at_end:
         return "load_best_model_at_end"  # the Trainer reads the best checkpoint back at the end
+    for name in _SAVE_METHODS:
+        # A subclass's own save (TRL's trainers, ...) would be bypassed by staging: keep it.
+        own = getattr(type(trainer), name, None)
+        if own is not getattr(Trainer, name) or name in vars(trainer):
+            return f"{type(trainer).__name__} overrides {name}"
     for name, available in (
         ("XLA", is_torch_xla_available),
         ("SageMaker MP", is_sagemaker_mp_enabled),

@@ -156,21 +156,33 @@ def test_write_killed_before_finalize_leaves_it_incomplete(tmp_path, monkeypatch
     gate.release.set()
 
 
+class _Bare(Trainer):
+    def __init__(self, **attrs) -> None:  # no model needed to ask the question
+        self.__dict__.update(attrs)
+
+
+class _OwnSave(_Bare):
+    def _save_rng_state(self, output_dir):  # e.g. a TRL trainer adding files of its own
+        pass
+
+
 @pytest.mark.parametrize(
-    ("attrs", "arg", "reason"),
+    ("cls", "attrs", "arg", "reason"),
     [
-        ({"is_fsdp_enabled": True}, {}, "FSDP"),
-        ({"is_deepspeed_enabled": True}, {}, "DeepSpeed"),
-        ({}, {"push_to_hub": True}, "push_to_hub"),
-        ({}, {"load_best_model_at_end": True}, "load_best_model_at_end"),
-        ({}, {}, None),
+        (_Bare, {"is_fsdp_enabled": True}, {}, "FSDP"),
+        (_Bare, {"is_deepspeed_enabled": True}, {}, "DeepSpeed"),
+        (_Bare, {}, {"push_to_hub": True}, "push_to_hub"),
+        (_Bare, {}, {"load_best_model_at_end": True}, "load_best_model_at_end"),
+        (_OwnSave, {}, {}, "_OwnSave overrides _save_rng_state"),
+        (_Bare, {"_save_checkpoint": print}, {}, "_Bare overrides _save_checkpoint"),
+        (_Bare, {}, {}, None),
     ],
 )
-def test_sharded_and_special_saves_stay_synchronous(attrs, arg, reason):
+def test_sharded_and_special_saves_stay_synchronous(cls, attrs, arg, reason):
     from types import SimpleNamespace
 
     args = SimpleNamespace(**{"push_to_hub": False, "load_best_model_at_end": False, **arg})
-    trainer = SimpleNamespace(args=args, **attrs)
+    trainer = cls(args=args, **attrs)
     assert async_save.async_unsupported(trainer) == reason
 
 
