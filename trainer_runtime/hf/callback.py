@@ -17,8 +17,8 @@ What it does, and how:
   failed" flags ride on the per-step agreement, so no extra collective is needed; a new save, a
   JIT stop and the end of training wait for the one in flight. A failed write (ENOSPC, ...) is
   logged and reported in the progress record, the checkpoint is never finalized (rank 0 removes
-  it), and training goes on. FSDP, DeepSpeed and KUBECKPT_ASYNC_SAVE=false keep the synchronous
-  path below.
+  it), and training goes on. FSDP, DeepSpeed, subclasses with saves of their own and
+  KUBECKPT_ASYNC_SAVE=false keep the synchronous path below (async_save.async_unsupported).
 - JIT: SIGTERM or the preStop request file sets a flag; every step the ranks agree (all_reduce MAX
   on their own gloo group) whether any rank wants to stop, so all save at the same step and then
   stop with `control.should_training_stop`. The preStop request is acknowledged after the save,
