@@ -33,6 +33,7 @@ import yaml
 
 from . import pki
 from .binaries import Binaries, ensure_binaries
+from .waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OUR_CRDS = REPO / "config" / "crd" / "bases"
@@ -541,7 +542,19 @@ class LocalCluster:
         for f in files:
             args += ["-f", str(f)]
         self.kubectl(*args)
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        # Polled here, not with `kubectl wait --for=condition=Established crd --all`: that fails
+        # at once ("<nil> is of the type <nil>") on a CRD whose status has no conditions yet.
+        wait_for(self._crds_established, "the CRDs to be Established", timeout=60)
+
+    def _crds_established(self) -> bool:
+        crds = json.loads(self.kubectl("get", "crd", "-o", "json").stdout).get("items") or []
+        return bool(crds) and all(
+            any(
+                c.get("type") == "Established" and c.get("status") == "True"
+                for c in (crd.get("status") or {}).get("conditions") or []
+            )
+            for crd in crds
+        )
 
     def _start_training_operator(self) -> None:
         assert self.workdir is not None and self.binaries is not None
