@@ -48,15 +48,18 @@ class SignalTrigger:
     def uninstall(self, *, stopping: bool = False) -> None:
         """Give the signals back. `stopping`: training was stopped for a just-in-time checkpoint,
         so the process is on its way out; the SIGTERM a kubelet sends after preStop (or a second
-        one) must not turn that clean exit into a 143. The handler stays, only logging; the
-        kubelet's SIGKILL at the end of the grace period still bounds the exit."""
+        one) must not turn that clean exit into a 143. So the signal is then ignored (SIG_IGN,
+        which, unlike a Python handler, the interpreter keeps while it shuts down: the kubelet's
+        SIGTERM often lands there), or still chained to an earlier Python handler. The kubelet's
+        SIGKILL at the end of the grace period still bounds the exit."""
         if not self.installed:
             return
         for sig, previous in self._previous.items():
             if signal.getsignal(sig) != self._handle:
                 continue  # someone else's since: leave it
             if stopping:
-                signal.signal(sig, self._after_stop)
+                chain = callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN)
+                signal.signal(sig, self._after_stop if chain else signal.SIG_IGN)
             else:
                 signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         if not stopping:
@@ -64,9 +67,8 @@ class SignalTrigger:
         self.installed = False
 
     def _after_stop(self, signum: int, frame: FrameType | None) -> None:
-        log.info("kubeckpt: signal %d after the just-in-time checkpoint; exiting normally", signum)
         previous = self._previous.get(signum)
-        if callable(previous) and previous not in (signal.SIG_DFL, signal.SIG_IGN):
+        if callable(previous):
             previous(signum, frame)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

@@ -123,3 +123,22 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
     env = {**os.environ, "CHECKPOINT_CONTROL_DIR": str(tmp_path)}
     out = subprocess.run([script, "--timeout=0"], env=env, capture_output=True, text=True)
     assert out.returncode == prestop.EXIT_TIMEOUT and (tmp_path / REQUEST_FILE).exists()
+
+
+def test_sigterm_after_a_jit_stop_does_not_end_the_exit_with_143() -> None:
+    # The kubelet's SIGTERM follows preStop's answer and often reaches a process that is already
+    # shutting down, where the interpreter has dropped its Python signal handlers.
+    code = (
+        "import atexit, os, signal\n"
+        "from trainer_runtime.triggers import SignalTrigger\n"
+        "t = SignalTrigger(); t.install(); t.uninstall(stopping=True)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))\n"
+        "print('alive')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "alive", out
+    # Without a stop the default comes back: SIGTERM ends the process.
+    code = code.replace("stopping=True", "stopping=False")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == -signal.SIGTERM, out
