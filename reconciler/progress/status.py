@@ -174,7 +174,10 @@ def _checkpoint_events(
     latest = ck.get("latestCheckpoint")
     if not latest:
         return []
-    jit = Event("Normal", "JITCheckpoint", f"checkpoint on shutdown at step {step}: {latest}")
+    # The step from the checkpoint's own name: the record's step may be later when it is read.
+    at = _checkpoint_step(latest)
+    at_step = f"step {at}" if at is not None else f"step {step} or before"
+    jit = Event("Normal", "JITCheckpoint", f"checkpoint on shutdown at {at_step}: {latest}")
     reason = ck.get(LATEST_CHECKPOINT_REASON)
     new_path = latest != prev_ck.get("latestCheckpoint")
     if reason == REASON_RESUME:
@@ -186,7 +189,13 @@ def _checkpoint_events(
         return []
     if reason is None and obs.source == "terminationMessage" and obs.outcome != "Succeeded":
         return [jit]
-    return [Event("Normal", "CheckpointSaved", f"checkpoint at step {step}: {latest}")]
+    return [Event("Normal", "CheckpointSaved", f"checkpoint at {at_step}: {latest}")]
+
+
+def _checkpoint_step(location: str) -> int | None:
+    name = location.rstrip("/").rsplit("/", 1)[-1]
+    prefix, _, number = name.rpartition("-")
+    return int(number) if prefix == "checkpoint" and number.isdigit() else None
 
 
 def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Decision:

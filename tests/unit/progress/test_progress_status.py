@@ -212,3 +212,14 @@ def test_checkpoint_events_follow_the_reason_the_runtime_gives() -> None:
     r = rec(step=20, checkpointing=last)
     obs = Observation(pod="p2", record=r, source="terminationMessage")
     assert [e.reason for e in decide(d4.status, obs, NOW).events] == ["CheckpointSaved"]
+
+
+def test_checkpoint_event_names_the_checkpoints_own_step() -> None:
+    ck = {"latestCheckpoint": "/c/job/checkpoint-165", "latestCheckpointReason": "periodic"}
+    d = decide({}, Observation(pod="p", record=rec(step=180, checkpointing=ck)), NOW)
+    assert [e.message for e in d.events] == ["checkpoint at step 165: /c/job/checkpoint-165"]
+    ck = {"latestCheckpoint": "s3://b/odd-name", "latestCheckpointReason": "jit"}
+    d = decide({}, Observation(pod="p", record=rec(step=180, checkpointing=ck)), NOW)
+    assert [e.message for e in d.events] == [
+        "checkpoint on shutdown at step 180 or before: s3://b/odd-name"
+    ]
