@@ -47,7 +47,13 @@ from transformers import TrainerCallback
 
 from .. import layout
 from ..config import Config
-from ..contract import build_manifest, checkpoint_dir_name
+from ..contract import (
+    REASON_JIT,
+    REASON_PERIODIC,
+    build_manifest,
+    checkpoint_dir_name,
+    read_manifest,
+)
 from ..fsutil import fsync_dir, fsync_file, remove_tree
 from ..progress_writer import ProgressWriter
 from ..timing import Schedule, StepTimer
@@ -83,6 +89,7 @@ class _Pending:
     started: float  # monotonic, when the save began (the directory with its sentinel)
     stall: float  # seconds training waited for it
     future: Future  # the persist: None, or this rank's error
+    reason: str = REASON_PERIODIC  # or REASON_JIT
 
 
 def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None) -> str | None:
@@ -178,7 +185,12 @@ class KubeckptCallback(TrainerCallback):
             termination_log=self.config.termination_log,
         )
         if self.resumed_from:
-            self.progress.resumed_from = os.path.basename(self.resumed_from)
+            try:  # the resumed checkpoint is the latest one until this run saves
+                saved_time = read_manifest(self.resumed_from).time
+            except (OSError, ValueError):
+                saved_time = None
+            name = os.path.basename(self.resumed_from)
+            self.progress.resumed(name, self.resumed_from, saved_time)
         if self.config.enabled and s.jit:
             self.signal.install()
         self.schedule.restart_interval()
@@ -188,7 +200,9 @@ class KubeckptCallback(TrainerCallback):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
-        self.signal.uninstall()
+        # After a JIT stop a later SIGTERM (the kubelet's, after preStop) must not turn the clean
+        # exit into 143: the handler stays, only logging.
+        self.signal.uninstall(stopping=self.stopped)
         self._close_group()
         if self.progress is not None:
             self.progress.write_final(self._record(state))
@@ -316,6 +330,7 @@ class KubeckptCallback(TrainerCallback):
             started=self._save_started,
             stall=_now() - self._save_started,
             future=future,
+            reason=REASON_JIT if self._stop_after_save else REASON_PERIODIC,
         )
         self._saving_step = None
         self._saved_step = step
@@ -375,7 +390,10 @@ class KubeckptCallback(TrainerCallback):
         if self.progress is not None:
             seconds = _now() - pending.started
             self.progress.checkpoint_saved(
-                str(pending.path), save_seconds=seconds, stall_seconds=pending.stall
+                str(pending.path),
+                save_seconds=seconds,
+                stall_seconds=pending.stall,
+                reason=pending.reason,
             )
             if self._state is not None:
                 self.progress.write(self._record(self._state))
@@ -449,7 +467,12 @@ class KubeckptCallback(TrainerCallback):
         self.schedule.restart_interval()
         if ok and self.progress is not None:
             seconds = _now() - self._save_started
-            self.progress.checkpoint_saved(str(path), save_seconds=seconds, stall_seconds=seconds)
+            self.progress.checkpoint_saved(
+                str(path),
+                save_seconds=seconds,
+                stall_seconds=seconds,
+                reason=REASON_JIT if self._stop_after_save else REASON_PERIODIC,
+            )
             self.progress.write(self._record(state))
         if self._stop_after_save:
             self.stopped = True
