@@ -186,7 +186,13 @@ async def test_two_replicas_only_the_leader_reads_and_writes(
         for step in (2, 3):
             write_atomic(path, progress(step))
             await eventually(lambda s=step: _step(clients[0], ns, "ha", s), f"step {step}", WITHIN)
-        assert ctrls[leader].stats["reads"] >= 3 and ctrls[leader].stats["writes"] >= 3
+        # Waited for, not asserted at once: the GET above can see step 3 stored before the
+        # leader has resumed from its apply call to count the write.
+        await eventually(
+            lambda: ctrls[leader].stats["reads"] >= 3 and ctrls[leader].stats["writes"] >= 3,
+            "the leader's reads and writes counted",
+            10,
+        )
         assert ctrls[other].stats == {"reads": 0, "writes": 0, "skipped_writes": 0}
         assert ctrls[other].limiter.total == 0
 
