@@ -164,6 +164,12 @@ def main() -> None:
     if rank == 0:
         state = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
         torch.save(state, a.status_dir / "final.pt")
+    if torch.distributed.is_initialized():
+        # As a torchrun script should: left to interpreter exit, the Trainer's gloo group can
+        # abort a rank whose peer has already exited ("terminate called without an active
+        # exception", SIGABRT), failing a run that trained and saved correctly.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
