@@ -43,7 +43,8 @@ def _argv(status: Path, sleep: float, *extra: str, steps: int = STEPS) -> list[s
         # --standalone: the agent binds its store to a port of its own choosing (port 0). A port
         # picked here, released, and bound by torchrun seconds later can be taken meanwhile by
         # another process binding port 0 (other tests' servers): torchrun then fails at once
-        # with EADDRINUSE, before training, the early flake this test used to show.
+        # with EADDRINUSE. (The early flake caught in this test was another one: an abort at
+        # exit, see the end of hf_job.py.)
         "--standalone",
         "--nproc_per_node=2",
         "--max-restarts=0",
