@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,12 +49,6 @@ def process_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun_argv(
     status_dir: Path, *, steps: int = STEPS, sleep: float = 0.0, fsdp: bool = False
 ) -> list[str]:
@@ -62,11 +56,11 @@ def torchrun_argv(
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--nnodes=1",
+        # --standalone: torchrun binds its own free port. A port picked here and released
+        # can be taken by another process before torchrun binds it (EADDRINUSE, seen under load).
+        "--standalone",
         "--nproc_per_node=2",
         "--max-restarts=0",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
         str(JOB),
         f"--status-dir={status_dir}",
         f"--steps={steps}",
@@ -90,20 +84,43 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 120) -> int:
     try:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        kill_session(proc)
         out.close()
         raise AssertionError(f"run did not finish in {timeout} s:\n{tail(log)}") from None
     out.close()
     return rc
 
 
-def kill_session(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, from /proc (children first found, then theirs)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_session(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the run and everything under it. torchrun starts each rank in a session of its
+    own, so killing the launcher's process group alone leaves hung ranks behind (orphaned, each
+    holding its model in memory until the process group's 30-minute timeout)."""
+    if proc.poll() is None:
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
 
 

@@ -18,7 +18,6 @@ from harness import (
     assert_same_files,
     ckpt_env,
     finish,
-    free_port,
     kill_session,
     read_json,
     start,
@@ -28,6 +27,7 @@ from harness import (
 )
 from train_job import train
 
+from localcluster import free_port
 from trainer_runtime.contract import INCOMPLETE_SENTINEL, MANIFEST_FILE, Manifest
 
 BUCKET = "kubeckpt-test"

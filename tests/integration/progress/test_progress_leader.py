@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,19 +18,13 @@ from pathlib import Path
 
 from progress_support import progress, start_job, write_atomic
 
-from localcluster import LocalCluster
+from localcluster import LocalCluster, free_port
 
 SCRIPT = Path(sys.executable).parent / "kubeckpt-reconciler"
 LEASE = "kubeckpt-reconciler"
 LEASE_DURATION, RENEW_DEADLINE, RETRY = 4.0, 3.0, 0.5
 JITTER = 0.1  # LeaderElectionConfig's default: acquisition retries wait up to 1.1 x RETRY
 SLACK = 1.5  # a busy 2-core machine: the candidate's own loop may run late
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(cluster: LocalCluster, ns: str, name: str, port: int, log: Path) -> subprocess.Popen:

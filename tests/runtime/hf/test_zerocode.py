@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import assert_same_files, finish, free_port, tail, wait_for_step
+from harness import assert_same_files, finish, tail, wait_for_step
 
 from trainer_runtime import layout
 from trainer_runtime.zerocode import HOOK_DIR, pythonpath_entries
@@ -122,11 +122,11 @@ def _torchrun(status: Path, output: Path, sleep: float) -> list[str]:
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--nnodes=1",
+        # --standalone: torchrun binds its own free port. A port picked here and released
+        # can be taken by another process before torchrun binds it (EADDRINUSE, seen under load).
+        "--standalone",
         "--nproc_per_node=2",
         "--max-restarts=0",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
         str(JOB),
         f"--status-dir={status}",
         f"--output-dir={output}",
