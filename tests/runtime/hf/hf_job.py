@@ -17,21 +17,8 @@ import time
 from pathlib import Path
 
 import torch
+from token_data import SEQ, TokenDataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
-
-SEQ = 8
-
-
-class TokenDataset(torch.utils.data.Dataset):
-    def __init__(self, n: int = 64) -> None:
-        g = torch.Generator().manual_seed(1)
-        self.ids = torch.randint(0, 64, (n, SEQ), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
 class Sleep(TrainerCallback):

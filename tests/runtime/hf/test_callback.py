@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from token_data import SEQ, TokenDataset
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -29,19 +30,6 @@ from trainer_runtime.contract import INCOMPLETE_SENTINEL
 from trainer_runtime.hf import KubeckptCallback, kubeckpt_trainer, resume_checkpoint
 
 STEPS = 10
-SEQ = 8
-
-
-class TokenDataset(torch.utils.data.Dataset):
-    def __init__(self, n: int = 64) -> None:
-        g = torch.Generator().manual_seed(1)
-        self.ids = torch.randint(0, 64, (n, SEQ), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
 def _model() -> GPT2LMHeadModel:

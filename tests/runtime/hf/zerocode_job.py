@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
+from token_data import SEQ, TokenDataset
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -23,20 +24,6 @@ from transformers import (
     TrainerCallback,
     TrainingArguments,
 )
-
-SEQ = 8
-
-
-class TokenDataset(torch.utils.data.Dataset):
-    def __init__(self, n: int = 64) -> None:
-        g = torch.Generator().manual_seed(1)
-        self.ids = torch.randint(0, 64, (n, SEQ), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
 class Sleep(TrainerCallback):
