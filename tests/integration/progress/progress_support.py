@@ -139,7 +139,9 @@ def cond(tp: dict, type_: str) -> dict:
     )
 
 
-def job_events(cluster: LocalCluster, namespace: str, name: str) -> list[dict]:
+def job_events(
+    cluster: LocalCluster, namespace: str, name: str, kind: str = "PyTorchJob"
+) -> list[dict]:
     out = cluster.kubectl(
         "get",
         "events",
@@ -148,6 +150,16 @@ def job_events(cluster: LocalCluster, namespace: str, name: str) -> list[dict]:
         "-o",
         "json",
         "--field-selector",
-        f"involvedObject.name={name},involvedObject.kind=PyTorchJob",
+        f"involvedObject.name={name},involvedObject.kind={kind}",
     ).stdout
     return json.loads(out)["items"]
+
+
+def event_counts(
+    cluster: LocalCluster, namespace: str, name: str, kind: str = "PyTorchJob"
+) -> dict[str, int]:
+    """Events on the job by reason, aggregated ones counted as often as they happened."""
+    out: dict[str, int] = {}
+    for e in job_events(cluster, namespace, name, kind):
+        out[e["reason"]] = out.get(e["reason"], 0) + int(e.get("count") or 1)
+    return out

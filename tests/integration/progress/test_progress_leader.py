@@ -16,7 +16,7 @@ import urllib.request
 from datetime import datetime
 from pathlib import Path
 
-from progress_support import progress, start_job, write_atomic
+from progress_support import event_counts, progress, start_job, write_atomic
 
 from localcluster import LocalCluster, free_port
 
@@ -93,23 +93,6 @@ def micro(ts: str) -> float:
 def step(cluster: LocalCluster, ns: str, name: str) -> int | None:
     p = cluster.kubectl("get", "tp", name, "-n", ns, "-o", "json", check=False)
     return ((json.loads(p.stdout).get("status") or {}).get("step")) if p.returncode == 0 else None
-
-
-def event_counts(cluster: LocalCluster, ns: str, job: str) -> dict[str, int]:
-    out = cluster.kubectl(
-        "get",
-        "events",
-        "-n",
-        ns,
-        "-o",
-        "json",
-        "--field-selector",
-        f"involvedObject.name={job},involvedObject.kind=PyTorchJob",
-    ).stdout
-    counts: dict[str, int] = {}
-    for e in json.loads(out)["items"]:
-        counts[e["reason"]] = counts.get(e["reason"], 0) + int(e.get("count") or 1)
-    return counts
 
 
 def ck(n: int) -> dict:

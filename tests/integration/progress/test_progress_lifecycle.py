@@ -14,9 +14,9 @@ from progress_support import (
     FAST,
     admin_config,
     cond,
+    event_counts,
     eventually,
     get_tp,
-    job_events,
     progress,
     running_controller,
     start_job,
@@ -44,13 +44,6 @@ async def client(kwok: LocalCluster) -> AsyncIterator[Client]:
 async def status(client: Client, ns: str, name: str) -> dict:
     tp = await get_tp(client, ns, name)
     return (tp or {}).get("status") or {}
-
-
-def event_counts(cluster: LocalCluster, ns: str, job: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for e in job_events(cluster, ns, job):
-        out[e["reason"]] = out.get(e["reason"], 0) + int(e.get("count") or 1)
-    return out
 
 
 def master_uid(cluster: LocalCluster, ns: str, job: str) -> str | None:

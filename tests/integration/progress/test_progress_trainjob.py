@@ -12,6 +12,7 @@ import pytest
 from progress_support import (
     FAST,
     admin_config,
+    event_counts,
     eventually,
     get_tp,
     progress,
@@ -236,23 +237,6 @@ def install_crd(cluster: LocalCluster) -> None:
     cluster.kubectl("wait", "--for=condition=Established", "crd/trainjobs.trainer.kubeflow.org")
 
 
-def trainjob_reasons(cluster: LocalCluster, ns: str, name: str) -> dict[str, int]:
-    out = cluster.kubectl(
-        "get",
-        "events",
-        "-n",
-        ns,
-        "-o",
-        "json",
-        "--field-selector",
-        f"involvedObject.name={name},involvedObject.kind=TrainJob",
-    ).stdout
-    counts: dict[str, int] = {}
-    for e in json.loads(out)["items"]:
-        counts[e["reason"]] = counts.get(e["reason"], 0) + int(e.get("count") or 1)
-    return counts
-
-
 async def test_not_injected_trainjob_pods(
     cluster: LocalCluster, client: Client, namespace: str
 ) -> None:
@@ -268,6 +252,10 @@ async def test_not_injected_trainjob_pods(
             "spec": {"storage": {"uri": "file:///tmp/ckpt"}},
         }
     )
+
+    def tj_events() -> dict[str, int]:
+        return event_counts(cluster, ns, "bare-tj", "TrainJob")
+
     try:
         install_crd(cluster)
         cluster.apply(
@@ -308,13 +296,13 @@ async def test_not_injected_trainjob_pods(
                 assert c["reason"] == "PodsNotInjected", c
                 assert "bare-tj-node-0-0" in c["message"] and "bare-tj-node-0-1" in c["message"]
                 await eventually(
-                    lambda: trainjob_reasons(cluster, ns, "bare-tj").get("NotInjected") == 1,
+                    lambda: tj_events().get("NotInjected") == 1,
                     "one NotInjected event",
                     10,
                 )
                 if run == 1:
                     await eventually(lambda: ctrl.stats["skipped_writes"] >= 1, "a reconcile", 10)
-        assert trainjob_reasons(cluster, ns, "bare-tj")["NotInjected"] == 1
+        assert tj_events()["NotInjected"] == 1
         tp = await get_tp(client, ns, "bare-tj")
         assert tp is not None and tp["spec"]["jobRef"]["kind"] == "TrainJob"
     finally:
