@@ -32,7 +32,7 @@ from typing import Any
 import demo_support as ds
 import yaml
 
-from localcluster import LocalCluster, wait_for
+from localcluster import LocalCluster, stop_process, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = "demo"
@@ -395,7 +395,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
         for p in pods:
             p.stop()
         for proc in reversed(procs):
-            ds.stop(proc)
+            stop_process(proc)
         cluster.stop()
         say("\n== cluster stopped; the webhook, reconciler and training processes ended")
 

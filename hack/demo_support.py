@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from localcluster import LocalCluster, free_port, wait_for
+from localcluster import LocalCluster, die_with_parent, free_port, stop_process, wait_for
 from trainer_runtime.contract import RUN_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,13 +47,6 @@ MAX_TERMINATION_MESSAGE = 4096
 POD_PATHS = (RUN_DIR, TERMINATION_LOG)
 
 
-def _die_with_parent() -> None:
-    # Between fork and exec: SIGKILL when the demo dies, however it dies.
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    os.setpgid(0, 0)
-
-
 def spawn(argv: list[str], log: Path, **kw: Any) -> subprocess.Popen[bytes]:
     out = log.open("ab")
     try:
@@ -63,24 +55,11 @@ def spawn(argv: list[str], log: Path, **kw: Any) -> subprocess.Popen[bytes]:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             **kw,
         )
     finally:
         out.close()
-
-
-def stop(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(5)
 
 
 def tail(path: Path, chars: int = 3000) -> str:
@@ -311,7 +290,7 @@ class PodProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self._pump_thread = threading.Thread(target=self._pump, daemon=True)
         self._pump_thread.start()
@@ -360,7 +339,7 @@ class PodProcess:
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
             # The hook ends with its answer, or with the container (an exec into a container
             # that is gone fails), or at the grace period.
@@ -370,7 +349,7 @@ class PodProcess:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     hook_proc.wait(1)  # the answer and the exit come together
             if hook_proc.poll() is None:
-                stop(hook_proc, timeout=2)
+                stop_process(hook_proc, timeout=2)
                 out["prestop_rc"] = "ended with the container" if not self.alive() else "timeout"
             else:
                 out["prestop_rc"] = hook_proc.returncode

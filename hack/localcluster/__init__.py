@@ -1,7 +1,15 @@
 """The local Kubernetes control plane used by the tests (pytest fixture) and `make cluster-up`."""
 
 from .binaries import Binaries, MissingBinaries, ensure_binaries
-from .cluster import ClusterError, LocalCluster, free_port, local_cluster, sweep_stale_workdirs
+from .cluster import (
+    ClusterError,
+    LocalCluster,
+    die_with_parent,
+    free_port,
+    local_cluster,
+    stop_process,
+    sweep_stale_workdirs,
+)
 from .waiting import wait_for
 
 __all__ = [
@@ -9,9 +17,11 @@ __all__ = [
     "ClusterError",
     "LocalCluster",
     "MissingBinaries",
+    "die_with_parent",
     "ensure_binaries",
     "free_port",
     "local_cluster",
+    "stop_process",
     "sweep_stale_workdirs",
     "wait_for",
 ]

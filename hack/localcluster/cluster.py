@@ -51,11 +51,27 @@ class ClusterError(RuntimeError):
     """A component did not start; the message carries the end of its log."""
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: the kernel sends SIGKILL when our process dies.
+def die_with_parent() -> None:
+    """A `preexec_fn`: the child gets SIGKILL when our process dies, however it dies, and its own
+    process group (so `stop_process` reaches its children too)."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     os.setpgid(0, 0)
+
+
+def stop_process(popen: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    """SIGTERM the process group of a child started with `die_with_parent`; SIGKILL after
+    `timeout`."""
+    if popen is None or popen.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, signal.SIGTERM)
+    try:
+        popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait(5)
 
 
 WORKDIR_PREFIX = "kubeckpt-cluster-"
@@ -100,7 +116,7 @@ class Process:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=self.env,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             close_fds=True,
         )
         out.close()
@@ -116,17 +132,7 @@ class Process:
         return "\n".join(text[-lines:])
 
     def stop(self, timeout: float = 10.0) -> None:
-        p = self.popen
-        if p is None or p.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
+        stop_process(self.popen, timeout)
 
     def kill(self) -> None:
         if self.popen is not None and self.popen.poll() is None:
@@ -243,6 +249,32 @@ class LocalCluster:
                 f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr!s}"
             )
         return proc
+
+    def token_kubeconfig(self, path: Path, service_account: str, namespace: str) -> Path:
+        """Write a kubeconfig at `path` that authenticates with a fresh token of the
+        ServiceAccount (to run a component with exactly its RBAC role)."""
+        assert self.workdir is not None
+        token = self.kubectl(
+            "create", "token", service_account, "-n", namespace, "--duration=1h"
+        ).stdout.strip()
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "sa",
+            "clusters": [
+                {
+                    "name": "c",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self.workdir / "pki" / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [{"name": "sa", "user": {"token": token}}],
+            "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
 
     def apply(self, manifest: str | dict | Sequence[dict], *, server_side: bool = True) -> str:
         if not isinstance(manifest, str):

@@ -49,9 +49,8 @@ def process_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def torchrun_argv(
-    status_dir: Path, *, steps: int = STEPS, sleep: float = 0.0, fsdp: bool = False
-) -> list[str]:
+def torchrun(script: Path, *args: str, nproc: int = 2) -> list[str]:
+    """argv: `script` under torchrun on this host, `nproc` ranks, no restarts."""
     return [
         sys.executable,
         "-m",
@@ -59,14 +58,23 @@ def torchrun_argv(
         # --standalone: torchrun binds its own free port. A port picked here and released
         # can be taken by another process before torchrun binds it (EADDRINUSE, seen under load).
         "--standalone",
-        "--nproc_per_node=2",
+        f"--nproc_per_node={nproc}",
         "--max-restarts=0",
-        str(JOB),
+        str(script),
+        *args,
+    ]
+
+
+def torchrun_argv(
+    status_dir: Path, *, steps: int = STEPS, sleep: float = 0.0, fsdp: bool = False
+) -> list[str]:
+    return torchrun(
+        JOB,
         f"--status-dir={status_dir}",
         f"--steps={steps}",
         f"--sleep={sleep}",
         *(["--fsdp"] if fsdp else []),
-    ]
+    )
 
 
 def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -12,12 +12,12 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
+from ..fsutil import write_atomic
 from .env import INCOMPLETE_SENTINEL, MANIFEST_FILE
 from .errors import ContractError, describe
 from .progress import MAX_COUNT, format_rfc3339, json_type, parse_rfc3339
@@ -370,37 +370,15 @@ def verify(
     return problems
 
 
-def _fsync_dir(directory: str | os.PathLike[str]) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_manifest_atomic(directory: str | os.PathLike[str], manifest: Manifest) -> Path:
     """Write `directory/manifest.json` so readers see the old state or the whole new file.
 
     Temp file in the same directory, fsync, rename over, fsync the directory (so the rename
     itself survives a node crash). Returns the manifest's path.
     """
-    data = manifest.to_json().encode("utf-8")
     target = Path(directory, MANIFEST_FILE)
-    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST_FILE}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes 0600; other containers may read it
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
+    # 0644, not mkstemp's 0600: other containers of the pod may read it.
+    write_atomic(target, manifest.to_json().encode("utf-8"), mode=0o644)
     return target
 
 

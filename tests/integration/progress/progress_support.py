@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from localcluster import LocalCluster
 from reconciler.client import Client
-from reconciler.config import ClientConfig, load_kubeconfig
 from reconciler.manager import Manager
 from reconciler.progress.controller import ProgressController
 from reconciler.progress.schedule import PollSettings
+from tests.support.cluster_clients import admin_config as admin_config
+from tests.support.cluster_clients import eventually as eventually
 
 FAST = PollSettings(
     early=1.0,
@@ -27,28 +27,6 @@ FAST = PollSettings(
     jitter=0.1,
     stall_floor=600.0,
 )
-
-
-def admin_config(cluster: LocalCluster) -> ClientConfig:
-    cfg = load_kubeconfig(cluster.kubeconfig)
-    cfg.qps = None
-    return cfg
-
-
-async def eventually(
-    check: Callable[[], Any | Awaitable[Any]], what: str, within: float, interval: float = 0.1
-) -> Any:
-    """Poll `check` until it returns something truthy (returned); fail after `within` s."""
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 def progress(step: int, **kw: Any) -> bytes:

@@ -20,32 +20,6 @@ REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(sys.executable).parent / "kubeckpt-reconciler"
 
 
-def sa_kubeconfig(cluster: LocalCluster, path: Path, sa: str, ns: str) -> Path:
-    token = cluster.kubectl("create", "token", sa, "-n", ns, "--duration=1h").stdout.strip()
-    assert cluster.workdir is not None
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "sa",
-                "clusters": [
-                    {
-                        "name": "c",
-                        "cluster": {
-                            "server": cluster.server,
-                            "certificate-authority": str(cluster.workdir / "pki" / "ca.crt"),
-                        },
-                    }
-                ],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
-            }
-        )
-    )
-    return path
-
-
 def tp_status(cluster: LocalCluster, ns: str, name: str) -> dict:
     proc = cluster.kubectl("get", "tp", name, "-n", ns, "-o", "json", check=False)
     return (json.loads(proc.stdout).get("status") or {}) if proc.returncode == 0 else {}
@@ -65,8 +39,8 @@ def test_reconciler_runs_with_exactly_its_role(
 ) -> None:
     cluster.kubectl("create", "namespace", "kubeckpt-system", check=False)
     cluster.apply((REPO / "config" / "rbac" / "reconciler_role.yaml").read_text())
-    kubeconfig = sa_kubeconfig(
-        cluster, tmp_path / "kubeconfig", "kubeckpt-reconciler", "kubeckpt-system"
+    kubeconfig = cluster.token_kubeconfig(
+        tmp_path / "kubeconfig", "kubeckpt-reconciler", "kubeckpt-system"
     )
     path = start_job(cluster, namespace, "rbac", progress(5))
     log = tmp_path / "reconciler.log"

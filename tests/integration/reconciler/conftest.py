@@ -4,34 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import inspect
 import json
-import time
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
 from localcluster import LocalCluster
 from reconciler.client import Client
-from reconciler.config import ClientConfig, load_kubeconfig
 from reconciler.errors import ApiError
 from reconciler.exec import ExecError, exec_command
 from reconciler.resources import PODS
-
-
-def admin_config(cluster: LocalCluster, **overrides: object) -> ClientConfig:
-    cfg = load_kubeconfig(cluster.kubeconfig)
-    cfg.qps = None  # tests drive the API server hard on purpose
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
-    return cfg
-
-
-@pytest.fixture(scope="session")
-def stable_kwok_nodes(cluster: LocalCluster) -> LocalCluster:
-    """KWOK nodes keep their addresses now that KWOK renews node Leases (hack/localcluster)."""
-    return cluster
+from tests.support.cluster_clients import admin_config as admin_config
+from tests.support.cluster_clients import eventually as eventually
 
 
 @pytest.fixture
@@ -41,22 +26,6 @@ async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
         yield c
     finally:
         await c.close()
-
-
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, within: float, interval: float = 0.1
-) -> None:
-    """Poll `check` (sync or async) until it is true; fail after `within` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 async def run_pod(client: Client, namespace: str, name: str) -> None:

@@ -18,10 +18,7 @@ PAYLOAD = bytes(range(256)) * 8192 + b"\x00\r\n\xff tail"  # every byte value, 2
 
 
 @pytest.fixture
-async def pod(
-    stable_kwok_nodes: LocalCluster, client: Client, namespace: str
-) -> tuple[str, str, Path]:
-    cluster = stable_kwok_nodes
+async def pod(cluster: LocalCluster, client: Client, namespace: str) -> tuple[str, str, Path]:
     await run_pod(client, namespace, "exec-target")
     workdir = cluster.exec_dir(namespace, "exec-target")
     (workdir / "blob.bin").write_bytes(PAYLOAD)

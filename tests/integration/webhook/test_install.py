@@ -63,30 +63,8 @@ def test_webhook_runs_with_exactly_its_role(cluster: LocalCluster, tmp_path: Pat
     rbac = (REPO / "config" / "rbac" / "webhook_role.yaml").read_text()
     cluster.kubectl("create", "namespace", "kubeckpt-system", check=False)
     cluster.apply(rbac)
-    token = cluster.kubectl(
-        "create", "token", "kubeckpt-webhook", "-n", "kubeckpt-system", "--duration=1h"
-    ).stdout.strip()
-    assert cluster.workdir is not None
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "sa",
-                "clusters": [
-                    {
-                        "name": "c",
-                        "cluster": {
-                            "server": cluster.server,
-                            "certificate-authority": str(cluster.workdir / "pki" / "ca.crt"),
-                        },
-                    }
-                ],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
-            }
-        )
+    kubeconfig = cluster.token_kubeconfig(
+        tmp_path / "kubeconfig", "kubeckpt-webhook", "kubeckpt-system"
     )
     # RBAC names the real configuration; register it by URL for this test.
     port = free_port()

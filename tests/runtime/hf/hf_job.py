@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import torch
-from token_data import SEQ, TokenDataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from tiny_hf import TokenDataset, tiny_gpt2
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 
 class Sleep(TrainerCallback):
@@ -97,19 +97,7 @@ def main() -> None:
     a.status_dir.mkdir(parents=True, exist_ok=True)
     (a.status_dir / f"pid-{rank}").write_text(str(os.getpid()))
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=64,
-            n_positions=SEQ,
-            n_embd=16,
-            n_layer=1,
-            n_head=2,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-    )
+    model = tiny_gpt2()
     args = TrainingArguments(
         output_dir=str(a.status_dir / "hf-output"),
         max_steps=a.steps,

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_callback import TokenDataset, _args, _env, _model, _trainer
+from test_callback import _args, _env, _trainer
 from test_callback import reference as reference  # the module-scoped fixture
+from tiny_hf import TokenDataset, tiny_gpt2
 from transformers import Trainer, TrainerCallback
 
 from trainer_runtime import layout
@@ -25,7 +26,8 @@ from trainer_runtime.hf import async_save, kubeckpt_trainer, resume_checkpoint
 def _lora_trainer(tmp: Path) -> Trainer:
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(_model(), LoraConfig(r=2, target_modules=["c_attn"], lora_dropout=0.0))
+    lora = LoraConfig(r=2, target_modules=["c_attn"], lora_dropout=0.0)
+    model = get_peft_model(tiny_gpt2(), lora)
     return Trainer(
         model=model,
         args=_args(tmp / "unused-output"),

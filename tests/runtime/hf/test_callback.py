@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from token_data import SEQ, TokenDataset
+from tiny_hf import TokenDataset, tiny_gpt2
 from transformers import (
-    GPT2Config,
-    GPT2LMHeadModel,
     Trainer,
     TrainerCallback,
     TrainingArguments,
@@ -30,21 +28,6 @@ from trainer_runtime.contract import INCOMPLETE_SENTINEL
 from trainer_runtime.hf import KubeckptCallback, kubeckpt_trainer, resume_checkpoint
 
 STEPS = 10
-
-
-def _model() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    cfg = GPT2Config(
-        vocab_size=64,
-        n_positions=SEQ,
-        n_embd=16,
-        n_layer=1,
-        n_head=2,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    )
-    return GPT2LMHeadModel(cfg)
 
 
 def _args(out: Path, **kw) -> TrainingArguments:
@@ -82,7 +65,7 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
 
 def _trainer(tmp: Path, callbacks=(), **args_kw) -> Trainer:
     return Trainer(
-        model=_model(),
+        model=tiny_gpt2(),
         args=_args(tmp / "unused-output", **args_kw),
         train_dataset=TokenDataset(),
         callbacks=list(callbacks),
@@ -248,7 +231,7 @@ def test_trainer_own_save_strategy_is_made_atomic(tmp_path):
 def test_epoch_strategy(tmp_path):
     config = Config.from_env(_env(tmp_path, CHECKPOINT_STRATEGY="epoch"))
     trainer = Trainer(
-        model=_model(),
+        model=tiny_gpt2(),
         args=_args(tmp_path / "unused-output", max_steps=-1, num_train_epochs=2),
         train_dataset=TokenDataset(16),  # 4 steps per epoch
     )
@@ -264,7 +247,7 @@ def test_stop_at_an_epochs_last_step_saves_once(tmp_path):
         _env(tmp_path, CHECKPOINT_STRATEGY="epoch", CHECKPOINT_MAX_CHECKPOINTS="1")
     )
     trainer = Trainer(
-        model=_model(),
+        model=tiny_gpt2(),
         args=_args(tmp_path / "unused-output", max_steps=-1, num_train_epochs=2),
         train_dataset=TokenDataset(16),  # 4 steps per epoch
         callbacks=[_SigtermAt(4)],

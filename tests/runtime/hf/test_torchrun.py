@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from harness import (
     kill_session,
     start,
     tail,
+    torchrun,
     wait_for_step,
 )
 
@@ -36,24 +36,8 @@ STEPS = 12
 
 
 def _argv(status: Path, sleep: float, *extra: str, steps: int = STEPS) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        # --standalone: the agent binds its store to a port of its own choosing (port 0). A port
-        # picked here, released, and bound by torchrun seconds later can be taken meanwhile by
-        # another process binding port 0 (other tests' servers): torchrun then fails at once
-        # with EADDRINUSE. (The early flake caught in this test was another one: an abort at
-        # exit, see the end of hf_job.py.)
-        "--standalone",
-        "--nproc_per_node=2",
-        "--max-restarts=0",
-        str(JOB),
-        f"--status-dir={status}",
-        f"--steps={steps}",
-        f"--sleep={sleep}",
-        *extra,
-    ]
+    # (The early flake caught in this test was an abort at exit: see the end of hf_job.py.)
+    return torchrun(JOB, f"--status-dir={status}", f"--steps={steps}", f"--sleep={sleep}", *extra)
 
 
 def _env(root: Path, enabled: bool) -> dict[str, str]:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import assert_same_files, finish, tail, wait_for_step
+from harness import assert_same_files, finish, tail, torchrun, wait_for_step
 
 from trainer_runtime import layout
 from trainer_runtime.zerocode import HOOK_DIR, pythonpath_entries
@@ -118,20 +118,7 @@ def _start(argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> subpro
 
 
 def _torchrun(status: Path, output: Path, sleep: float) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        # --standalone: torchrun binds its own free port. A port picked here and released
-        # can be taken by another process before torchrun binds it (EADDRINUSE, seen under load).
-        "--standalone",
-        "--nproc_per_node=2",
-        "--max-restarts=0",
-        str(JOB),
-        f"--status-dir={status}",
-        f"--output-dir={output}",
-        f"--sleep={sleep}",
-    ]
+    return torchrun(JOB, f"--status-dir={status}", f"--output-dir={output}", f"--sleep={sleep}")
 
 
 def _run_python(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

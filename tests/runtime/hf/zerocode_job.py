@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
-from token_data import SEQ, TokenDataset
+from tiny_hf import SEQ, TokenDataset
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
