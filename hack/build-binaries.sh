@@ -71,16 +71,14 @@ module_dir() {
   "$GO" mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
 }
 
-build_kubernetes() {
-  local out="$CACHE/kubernetes-$K8S_VERSION"
-  done_stamp "$out" && return
-  log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION (cold: several minutes)"
-  local mod="$CACHE/src/kubernetes-$K8S_VERSION"
-  rm -rf "$mod" "$out"
-  mkdir -p "$mod" "$out"
+# A wrapper module around k8s.io/kubernetes: the staging modules it replaces with local paths are
+# replaced with their published versions (the documented "use k8s.io/kubernetes as a library"
+# pattern). $1: the module directory; the rest: packages to import (so `go mod tidy` keeps them).
+k8s_wrapper_module() {
+  local mod=$1; shift
   local staging="v0.${K8S_VERSION#v1.}"
-  # k8s.io/kubernetes replaces its staging modules with local paths; a consumer must replace them
-  # with their published versions (the documented "use k8s.io/kubernetes as a library" pattern).
+  rm -rf "$mod"
+  mkdir -p "$mod"
   local gomod
   gomod=$(cd "$mod" && "$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
     sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
@@ -97,18 +95,15 @@ build_kubernetes() {
     printf '%s\n' "$gomod" | sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\t\1 => \1 '"$staging"'#p'
     echo ")"
   } >"$mod/go.mod"
-  cat >"$mod/tools.go" <<'EOF'
-//go:build tools
+  {
+    printf '//go:build tools\n\npackage tools\n\nimport (\n'
+    printf '\t_ "%s"\n' "$@"
+    printf ')\n'
+  } >"$mod/tools.go"
+  (cd "$mod" && "$GO" mod tidy >&2)
+}
 
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
-	_ "k8s.io/kubectl/pkg/cmd"
-)
-EOF
+k8s_ldflags() {
   local major=${K8S_VERSION#v}; major=${major%%.*}
   local minor=${K8S_VERSION#v*.}; minor=${minor%%.*}
   local ldflags="-s -w"
@@ -117,15 +112,71 @@ EOF
   ldflags+=" -X k8s.io/component-base/version.gitMinor=$minor"
   ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
   ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+  printf '%s' "$ldflags"
+}
+
+build_kubernetes() {
+  local out="$CACHE/kubernetes-$K8S_VERSION"
+  done_stamp "$out" && return
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION (cold: several minutes)"
+  local mod="$CACHE/src/kubernetes-$K8S_VERSION"
+  rm -rf "$out"
+  mkdir -p "$out"
+  k8s_wrapper_module "$mod" k8s.io/kubernetes/cmd/kube-apiserver/app \
+    k8s.io/kubernetes/cmd/kube-controller-manager/app k8s.io/kubernetes/cmd/kube-scheduler/app \
+    k8s.io/kubectl/pkg/cmd
   (
     cd "$mod"
-    "$GO" mod tidy >&2
     local pkgs=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
       k8s.io/kubernetes/cmd/kube-scheduler)
     [ "${BUILD_KUBECTL:-0}" = 1 ] && pkgs+=(k8s.io/kubernetes/cmd/kubectl)
-    "$GO" build -mod=mod -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" >&2
+    "$GO" build -mod=mod -ldflags "$(k8s_ldflags)" -o "$out/" "${pkgs[@]}" >&2
   )
   touch "$out/.complete"
+}
+
+# The real node: kubelet and kube-proxy from the same Kubernetes version as the control plane.
+build_kubernetes_node() {
+  local out="$CACHE/kubernetes-node-$K8S_VERSION"
+  done_stamp "$out" && return
+  log "building kubelet, kube-proxy $K8S_VERSION"
+  local mod="$CACHE/src/kubernetes-node-$K8S_VERSION"
+  rm -rf "$out"
+  mkdir -p "$out"
+  k8s_wrapper_module "$mod" k8s.io/kubernetes/cmd/kubelet/app k8s.io/kubernetes/cmd/kube-proxy/app
+  (cd "$mod" && "$GO" build -mod=mod -ldflags "$(k8s_ldflags)" -o "$out/" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy >&2)
+  touch "$out/.complete"
+}
+
+# Cluster DNS for the real node's pods (the training-operator's MASTER_ADDR is a Service name).
+build_coredns() {
+  local out="$CACHE/coredns-$COREDNS_VERSION"
+  done_stamp "$out" && return
+  log "building CoreDNS $COREDNS_VERSION"
+  rm -rf "$out"
+  mkdir -p "$out"
+  GOBIN="$out" "$GO" install -ldflags "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION" >&2
+  touch "$out/.complete"
+}
+
+# What the real node runs from Debian's packages: containerd (with ctr), runc, the CNI plugins,
+# iptables and conntrack for kube-proxy. Installed when missing and we are root.
+NODE_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack)
+NODE_COMMANDS=(containerd ctr runc /usr/lib/cni/bridge iptables conntrack)
+ensure_node_packages() {
+  local missing=0 c
+  for c in "${NODE_COMMANDS[@]}"; do
+    command -v "$c" >/dev/null 2>&1 || [ -x "$c" ] || missing=1
+  done
+  [ "$missing" = 0 ] && return
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing the real node's Debian packages: ${NODE_PACKAGES[*]}"
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${NODE_PACKAGES[@]}" >&2
+  else
+    log "warning: the real node needs Debian's ${NODE_PACKAGES[*]} (as root: apt-get install -y ${NODE_PACKAGES[*]}); only KWOK nodes can start"
+  fi
 }
 
 build_etcd() {
@@ -245,8 +296,11 @@ main() {
   build_kwok
   build_training_operator
   build_kubernetes
+  build_kubernetes_node
+  build_coredns
   find_kubectl
-  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION.env"
+  ensure_node_packages
+  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION.env"
   cat >"$envfile" <<EOF
 KUBECKPT_ETCD=$CACHE/etcd-$ETCD_VERSION/etcd
 KUBECKPT_KUBE_APISERVER=$CACHE/kubernetes-$K8S_VERSION/kube-apiserver
@@ -258,6 +312,9 @@ KUBECKPT_KWOK_STAGES=$CACHE/kwok-$KWOK_VERSION/stages
 KUBECKPT_TRAINING_OPERATOR=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/training-operator.v1
 KUBECKPT_TRAINING_OPERATOR_CRDS=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/crds
 KUBECKPT_KUBECTL=$KUBECTL
+KUBECKPT_KUBELET=$CACHE/kubernetes-node-$K8S_VERSION/kubelet
+KUBECKPT_KUBE_PROXY=$CACHE/kubernetes-node-$K8S_VERSION/kube-proxy
+KUBECKPT_COREDNS=$CACHE/coredns-$COREDNS_VERSION/coredns
 EOF
   log "binaries ready in $((SECONDS - start)) s"
   echo "$envfile"

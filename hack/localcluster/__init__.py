@@ -10,6 +10,7 @@ from .cluster import (
     stop_process,
     sweep_stale_workdirs,
 )
+from .node import NodeUnavailable, host_problem
 from .waiting import wait_for
 
 __all__ = [
@@ -17,9 +18,11 @@ __all__ = [
     "ClusterError",
     "LocalCluster",
     "MissingBinaries",
+    "NodeUnavailable",
     "die_with_parent",
     "ensure_binaries",
     "free_port",
+    "host_problem",
     "local_cluster",
     "stop_process",
     "sweep_stale_workdirs",

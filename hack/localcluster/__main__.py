@@ -18,15 +18,22 @@ import time
 from pathlib import Path
 
 from .cluster import REPO, LocalCluster
+from .node import host_problem
 
 STATE = REPO / ".cluster"
 
 
-def _up(nodes: int, state: Path | None) -> int:
+def _up(nodes: int, real_nodes: int | None, state: Path | None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    cluster = LocalCluster(nodes=nodes)
+    if real_nodes is None:
+        problem = host_problem()
+        real_nodes = 0 if problem else 1
+        if problem:
+            print(f"KWOK nodes only: {problem}", file=sys.stderr)
+    # Workloads go to the real node, where containers run; KWOK nodes stay for scale tests.
+    cluster = LocalCluster(nodes=nodes, real_nodes=real_nodes, taint_kwok_nodes=bool(real_nodes))
     cluster.start()
     try:
         info = cluster.describe()
@@ -50,7 +57,7 @@ def _up(nodes: int, state: Path | None) -> int:
                 (state / f).unlink(missing_ok=True)
 
 
-def _start(nodes: int) -> int:
+def _start(nodes: int, real_nodes: int | None) -> int:
     STATE.mkdir(exist_ok=True)
     info = STATE / "cluster.json"
     if info.exists():
@@ -61,7 +68,17 @@ def _start(nodes: int) -> int:
         info.unlink()
     log = (STATE / "cluster.log").open("ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "localcluster", "up", "--nodes", str(nodes), "--state", str(STATE)],
+        [
+            sys.executable,
+            "-m",
+            "localcluster",
+            "up",
+            "--nodes",
+            str(nodes),
+            *(["--real-nodes", str(real_nodes)] if real_nodes is not None else []),
+            "--state",
+            str(STATE),
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -106,13 +123,20 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("command", choices=["up", "start", "stop"])
-    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--nodes", type=int, default=3, help="KWOK nodes")
+    ap.add_argument(
+        "--real-nodes",
+        type=int,
+        choices=[0, 1],
+        default=None,
+        help="real nodes (containerd + kubelet); default 1 where the machine can run one",
+    )
     ap.add_argument("--state", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.command == "up":
-        return _up(args.nodes, args.state)
+        return _up(args.nodes, args.real_nodes, args.state)
     if args.command == "start":
-        return _start(args.nodes)
+        return _start(args.nodes, args.real_nodes)
     return _stop()
 
 

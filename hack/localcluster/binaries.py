@@ -27,6 +27,11 @@ class Binaries:
     training_operator: Path
     training_operator_crds: Path
     kubectl: Path
+    # The real node (hack/localcluster/node.py); containerd, runc and the CNI plugins come from
+    # Debian's packages.
+    kubelet: Path
+    kube_proxy: Path
+    coredns: Path
 
     @classmethod
     def from_env_file(cls, path: Path) -> Binaries:

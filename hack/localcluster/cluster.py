@@ -33,6 +33,7 @@ import yaml
 
 from . import pki
 from .binaries import Binaries, ensure_binaries
+from .node import NODE_IP, REAL_NODE_TAINT, NodeUnavailable, RealNode, sweep_stale_real_node
 from .waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,11 +41,18 @@ OUR_CRDS = REPO / "config" / "crd" / "bases"
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_TAINT = {"key": KWOK_NODE_ANNOTATION, "value": "fake", "effect": "NoSchedule"}
 TRAINING_OPERATOR_NS = "kubeflow"
 # The training-operator's cert rotator checks this fixed path for the mounted certificate.
 TRAINING_OPERATOR_ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 
 _PR_SET_PDEATHSIG = 1
+# Our own taints; a node that carries one of them is still "ready" for the start-up check.
+ALLOWED_TAINTS = (KWOK_TAINT, REAL_NODE_TAINT)
+REAL_NODE_CONTROLLERS = (
+    ",deployment,replicaset,endpoint,endpointslice,endpointslicemirroring,job,disruption,"
+    "podgc,statefulset,daemonset,ttl-after-finished,pv-protection,pvc-protection"
+)
 
 
 class ClusterError(RuntimeError):
@@ -146,6 +154,19 @@ class LocalCluster:
     """Start with `start()`, stop with `stop()`; or use as a context manager."""
 
     nodes: int = 3
+    # Real nodes (node.py: containerd, kubelet, kube-proxy, CoreDNS on the host): 0 or 1.
+    real_nodes: int = 0
+    # Taint the real node so that only pods that tolerate it land there (the test session, where
+    # KWOK-based tests must keep their pods on KWOK nodes).
+    taint_real_nodes: bool = False
+    # Taint the KWOK nodes (KWOK's own convention), so that workloads of `make cluster-up` and the
+    # demo run on the real node, where containers really run.
+    taint_kwok_nodes: bool = False
+    # The test session: a machine that cannot run a real node still runs the KWOK tests (the
+    # reason is kept in `real_node_problem`), and the node starts on first use
+    # (`start_real_node`), so that only the tests that need it wait for its images.
+    real_node_optional: bool = False
+    defer_real_node: bool = False
     binaries: Binaries | None = None
     workdir: Path | None = None
     keep_workdir: bool = False
@@ -164,6 +185,10 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         self.ports: dict[str, int] = {}
+        self.node: RealNode | None = None
+        self.real_node_problem: str | None = None
+        if self.real_nodes not in (0, 1):
+            raise ValueError("one real node at most (they would share the host's containerd)")
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -179,6 +204,8 @@ class LocalCluster:
             self.binaries = ensure_binaries()
         self.timings["binaries"] = time.monotonic() - t0
         t_start = time.monotonic()
+        if self.real_nodes:
+            sweep_stale_real_node()  # before its work dir goes, so its mounts are undone first
         sweep_stale_workdirs()
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         (self.workdir / "owner.pid").write_text(str(os.getpid()))
@@ -187,6 +214,15 @@ class LocalCluster:
             self.ports[name] = free_port()
         try:
             self._pki()
+            if self.real_nodes:
+                node = RealNode(self, taint=self.taint_real_nodes)
+                try:
+                    node.prepare()
+                    self.node = node
+                except NodeUnavailable as e:
+                    if not self.real_node_optional:
+                        raise
+                    self.real_node_problem = str(e)
             self._start_etcd()
             self._start_apiserver()
             self.timings["apiserver_ready"] = time.monotonic() - t_start
@@ -196,16 +232,36 @@ class LocalCluster:
             self._start_training_operator()
             self._create_nodes()
             self._wait_ready()
+            if self.node is not None and not self.defer_real_node:
+                self.start_real_node()
         except BaseException:
             self.stop()
             raise
         self.timings["start"] = time.monotonic() - t_start
         (self.workdir / "cluster.json").write_text(json.dumps(self.describe(), indent=2))
 
+    def start_real_node(self) -> RealNode:
+        """Start the real node prepared by `start()` (once; later calls return it)."""
+        if self.node is None:
+            raise NodeUnavailable(self.real_node_problem or "this cluster has no real node")
+        if not self.node.started:
+            try:
+                self.node.start()
+            except Exception as e:
+                self.real_node_problem = f"the real node failed to start: {e}"
+                raise
+            self.timings.update({f"node_{k}": v for k, v in self.node.timings.items()})
+        return self.node
+
     def stop(self) -> None:
-        for name in reversed(list(self.procs)):
-            self.procs[name].stop()
-        self.procs.clear()
+        try:
+            if self.node is not None:
+                self.node.stop()
+                self.node = None
+        finally:
+            for name in reversed(list(self.procs)):
+                self.procs[name].stop()
+            self.procs.clear()
         if self.workdir is not None and not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -217,6 +273,7 @@ class LocalCluster:
             "ports": self.ports,
             "pids": {n: p.popen.pid for n, p in self.procs.items() if p.popen},
             "timings": {k: round(v, 2) for k, v in self.timings.items()},
+            "real_nodes": [self.node.name] if self.node is not None else [],
         }
 
     # --- helpers ---
@@ -333,7 +390,7 @@ class LocalCluster:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            ips=("127.0.0.1", "10.96.0.1"),
+            ips=("127.0.0.1", "10.96.0.1", NODE_IP),
             server=True,
         ).write(d, "apiserver")
         pki.issue(ca, "kubeckpt-admin", orgs=("system:masters",), client=True).write(d, "admin")
@@ -449,11 +506,28 @@ class LocalCluster:
     def apiserver_argv(self) -> list[str]:
         assert self.workdir is not None and self.binaries is not None
         d = self.workdir / "pki"
+        if self.node is not None:
+            # Pods reach the API server through the `kubernetes` Service at the node's address
+            # (node.py lets only loopback and the node's bridge connect); kubelets are
+            # authorized as nodes; webhook Services are called at their endpoints.
+            network = [
+                "--bind-address=0.0.0.0",
+                f"--advertise-address={NODE_IP}",
+                "--authorization-mode=Node,RBAC",
+                "--enable-aggregator-routing=true",
+            ]
+        else:
+            network = [
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--authorization-mode=RBAC",
+                # No kube-proxy: the "kubernetes" Service endpoints would only log errors.
+                "--endpoint-reconciler-type=none",
+            ]
         return [
             str(self.binaries.kube_apiserver),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            *network,
             f"--secure-port={self.ports['apiserver']}",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             f"--tls-cert-file={d / 'apiserver.crt'}",
@@ -463,15 +537,12 @@ class LocalCluster:
             f"--service-account-signing-key-file={d / 'sa.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--api-audiences=https://kubernetes.default.svc.cluster.local",
-            "--authorization-mode=RBAC",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--kubelet-client-certificate={d / 'kubelet-client.crt'}",
             f"--kubelet-client-key={d / 'kubelet-client.key'}",
             f"--kubelet-certificate-authority={d / 'ca.crt'}",
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--allow-privileged=true",
-            # There is no kube-proxy: the "kubernetes" Service endpoints would only log errors.
-            "--endpoint-reconciler-type=none",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             "--v=1",
@@ -516,7 +587,9 @@ class LocalCluster:
                 # nodelifecycle lifts the not-ready taint that admission puts on every new node,
                 # and taints nodes that stop heartbeating (a preemption test can use that).
                 "--controllers=garbagecollector,namespace,serviceaccount,serviceaccount-token,"
-                "root-ca-cert-publisher,nodelifecycle,persistentvolume-binder",
+                "root-ca-cert-publisher,nodelifecycle,persistentvolume-binder"
+                # Pods that run for real: our Deployments, Services' endpoints, Jobs, evictions.
+                + (REAL_NODE_CONTROLLERS if self.node is not None else ""),
                 "--node-monitor-period=1s",
                 f"--service-account-private-key-file={d / 'sa.key'}",
                 f"--root-ca-file={d / 'ca.crt'}",
@@ -687,10 +760,11 @@ class LocalCluster:
                             "kubernetes.io/arch": "amd64",
                         },
                     },
-                    "spec": {},
+                    "spec": {"taints": [KWOK_TAINT]} if self.taint_kwok_nodes else {},
                 }
             )
-        self.apply(nodes)
+        if nodes:
+            self.apply(nodes)
 
     def _wait_ready(self) -> None:
         def nodes_ready() -> bool:
@@ -702,7 +776,7 @@ class LocalCluster:
                     c["type"] == "Ready" and c["status"] == "True"
                     for c in n.get("status", {}).get("conditions", [])
                 )
-                and not n["spec"].get("taints")
+                and not [t for t in n["spec"].get("taints") or [] if t not in ALLOWED_TAINTS]
             ]
             return len(ready) >= self.nodes
 

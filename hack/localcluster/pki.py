@@ -30,6 +30,12 @@ class KeyPair:
         key.chmod(0o600)
         return crt, key
 
+    @classmethod
+    def read(cls, directory: Path, name: str) -> KeyPair:
+        return cls(
+            (directory / f"{name}.crt").read_bytes(), (directory / f"{name}.key").read_bytes()
+        )
+
 
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
