@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export PYTHONPATH := $(CURDIR)/hack$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries lint format test test-unit demo cluster-up cluster-down bench clean
+.PHONY: help venv binaries images lint format test test-unit demo cluster-up cluster-down bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -23,27 +23,35 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create .venv with the dev and controller dependencies
 
-binaries: ## build (or find cached) kube-apiserver, etcd, KWOK, training-operator under ~/.cache/kubeckpt
+binaries: ## build (or find cached) the control plane, KWOK, training-operator, kubelet, kube-proxy, CoreDNS
 	bash hack/build-binaries.sh
 
-lint: venv ## ruff check and format check
+images: ## build the real node's images without Docker (debootstrap + buildah; cached in ~/.cache/kubeckpt/images)
+	@if [ "$$(id -u)" = 0 ]; then bash hack/images/build.sh >/dev/null; else \
+	  echo "make images: not root, so no images and no real node (tests/node will say so)"; fi
+
+lint: venv ## ruff check and format check; shellcheck of the scripts (hack/kind-e2e.sh is checked only so)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; } || \
+	  { echo "shellcheck is needed: apt-get install -y shellcheck"; exit 1; }
+	shellcheck -x hack/*.sh hack/images/*.sh .ci/run
 
 format: venv ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-test: venv binaries lint ## everything: lint, unit tests, tests on the local control plane
+test: venv binaries images lint ## everything: lint, unit tests, tests on the local cluster and its real node
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv ## only the tests that need no control plane
 	$(PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
 
-demo: venv binaries ## the add-on on a local control plane: inject, train, preempt, resume (kubectl)
+demo: venv binaries images ## the add-on on a local cluster with a real node: inject, train, preempt, resume
 	$(PY) hack/demo.py $(DEMO_ARGS)
 
-cluster-up: venv binaries ## start the local control plane in the background (.cluster/kubeconfig)
+cluster-up: venv binaries images ## start the local cluster and its real node in the background (.cluster/kubeconfig)
 	$(PY) -m localcluster start
 
 cluster-down: venv ## stop it

@@ -1,0 +1,26 @@
+# A CPU training image for the demo and the tests on the real node: torch, transformers,
+# accelerate, peft and kubeckpt's runtime (with kubeckpt-prestop), non-root.
+#   docker build -f docker/training.Dockerfile -t kubeckpt/kubeckpt-training:0.1.0 .
+# torch from PyPI brings about 4 GB of CUDA libraries; prune_cuda.py keeps only those torch's own
+# libraries link against (it would not import without them) and drops the rest and triton, in
+# the same RUN so that the layer never holds them.
+ARG BASE=python:3.11-slim
+
+FROM ${BASE} AS deps
+# pip verifies TLS against the system's CA bundle (hack/images/build.sh mounts this machine's there).
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+COPY docker/training-requirements.txt docker/prune_cuda.py /tmp/
+RUN python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir -r /tmp/training-requirements.txt \
+    && /opt/venv/bin/python /tmp/prune_cuda.py /opt/venv/lib/python3.11/site-packages
+
+FROM ${BASE}
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+COPY --from=deps /opt/venv /opt/venv
+# The project last: a change to it rebuilds only this small layer.
+COPY pyproject.toml README.md /src/
+COPY trainer_runtime /src/trainer_runtime
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps /src && rm -rf /src
+ENV PATH=/opt/venv/bin:$PATH HOME=/tmp HF_HOME=/tmp/hf PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 1000:1000
