@@ -78,6 +78,12 @@ DEFAULT_MAX_CHECKPOINTS: Final = 3
 DEFAULT_RESUME: Final = True
 DEFAULT_JIT: Final = True
 DEFAULT_LOCAL_PERIOD: Final = 100
+# The exit status of a training process that stopped for a just-in-time checkpoint (128 + SIGTERM,
+# as if the signal had ended it). Not 0: job controllers read 0 as success even while the pod is
+# being deleted by a preemption (the training-operator marks the PyTorchJob Succeeded when its
+# master pod succeeds, a Job counts a completion), and the preempted job would end there. 143 is
+# retryable for restartPolicy OnFailure and ExitCode, and for a Job's podFailurePolicy.
+PREEMPTED_EXIT_CODE: Final = 143
 DEFAULT_CONTROL_DIR: Final = RUN_DIR
 DEFAULT_PROGRESS_UPDATE_FREQUENCY: Final = 5
 

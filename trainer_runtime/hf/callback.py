@@ -48,6 +48,7 @@ from transformers import TrainerCallback
 from .. import layout
 from ..config import Config
 from ..contract import (
+    PREEMPTED_EXIT_CODE,
     REASON_JIT,
     REASON_PERIODIC,
     build_manifest,
@@ -194,6 +195,13 @@ class KubeckptCallback(TrainerCallback):
         if self.config.enabled and s.jit:
             self.signal.install()
         self.schedule.restart_interval()
+
+    @property
+    def exit_code(self) -> int:
+        """What the script should exit with after `trainer.train()`: 0, or PREEMPTED_EXIT_CODE
+        (143) after a just-in-time stop, so that the job controller restarts the job instead of
+        counting the preempted pod a success (see trainer_runtime.contract.PREEMPTED_EXIT_CODE)."""
+        return PREEMPTED_EXIT_CODE if self.stopped else 0
 
     def on_train_end(self, args, state, control, **kwargs):
         self._drain()  # the last save is durable and finalized before train() returns

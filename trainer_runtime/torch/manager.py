@@ -43,6 +43,7 @@ from ..config import Config
 from ..contract import (
     INCOMPLETE_SENTINEL,
     MANIFEST_FILE,
+    PREEMPTED_EXIT_CODE,
     Manifest,
     ManifestFile,
     checkpoint_dir_name,
@@ -493,6 +494,13 @@ class CheckpointManager:
         if self.progress.due(step):
             self._write_progress(step, loss, learning_rate, metrics)
         return False
+
+    @property
+    def exit_code(self) -> int:
+        """What the training process should exit with: 0, or PREEMPTED_EXIT_CODE (143) after a
+        just-in-time stop, so that the job controller restarts the job instead of counting the
+        preempted pod a success (`return mgr.exit_code` at the end of the script)."""
+        return PREEMPTED_EXIT_CODE if self.stopped else 0
 
     def _jit_requested(self) -> bool:
         if self._signal is not None and self._signal.fired:
