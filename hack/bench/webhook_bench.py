@@ -757,12 +757,10 @@ def gated_pod(name: str, namespace: str) -> dict[str, Any]:
 
 
 def part_cluster(args: argparse.Namespace) -> None:
-    # The integration tests' helper, so that the benchmark starts and registers kubeckpt-webhook
-    # exactly as they do. Imported rather than moved under hack/: it is one definition that the
-    # webhook's test owners keep changing, and a copy here would drift from it.
-    sys.path.insert(0, str(REPO))
+    # The launcher the integration tests use, so that the benchmark starts and registers
+    # kubeckpt-webhook exactly as they do.
     from localcluster import LocalCluster, free_port, wait_for
-    from tests.integration.webhook.conftest import (
+    from localcluster.local_webhook import (
         MWC_NAME,
         WEBHOOK_NS,
         WebhookProcess,

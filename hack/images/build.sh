@@ -2,6 +2,8 @@
 # Builds kubeckpt's container images without a Docker daemon, for the local cluster's real node:
 #   base        kubeckpt.local/debian-python:bookworm   Debian from its packages (debootstrap)
 #   pause       kubeckpt.local/pause:3.10               the pod sandbox (hack/images/pause.c)
+#   init        kubeckpt.local/pytorch-init:local       docker/pytorch-init.Dockerfile: the init
+#                                                       container the training-operator adds to workers
 #   controller  kubeckpt.local/kubeckpt:local           Dockerfile (webhook and reconciler)
 #   runtime     kubeckpt.local/kubeckpt-runtime:local   docker/runtime.Dockerfile (zero-code init)
 #   training    kubeckpt.local/kubeckpt-training:local  docker/training.Dockerfile (CPU torch, HF)
@@ -26,11 +28,12 @@ mkdir -p "$OUT" "$STORE"
 declare -A IMAGE=(
   [base]="kubeckpt.local/debian-python:$DEBIAN_SUITE"
   [pause]="kubeckpt.local/pause:$PAUSE_TAG"
+  [init]="kubeckpt.local/pytorch-init:local"
   [controller]="kubeckpt.local/kubeckpt:local"
   [runtime]="kubeckpt.local/kubeckpt-runtime:local"
   [training]="kubeckpt.local/kubeckpt-training:local"
 )
-ORDER=(base pause controller runtime training)
+ORDER=(base pause init controller runtime training)
 BASE_RECIPE=1
 
 log() { printf '[images] %s\n' "$*" >&2; }
@@ -62,6 +65,8 @@ compute_keys() {
   local b=${KEY[base]}
   KEY[controller]=$(printf '%s %s' "$b" "$(hash_inputs Dockerfile .dockerignore pyproject.toml \
     README.md reconciler webhook trainer_runtime)" | sha256sum | cut -c1-16)
+  KEY[init]=$(printf '%s %s' "$b" "$(hash_inputs docker/pytorch-init.Dockerfile docker/nslookup.py)" |
+    sha256sum | cut -c1-16)
   KEY[runtime]=$(printf '%s %s' "$b" "$(hash_inputs docker/runtime.Dockerfile trainer_runtime)" |
     sha256sum | cut -c1-16)
   KEY[training]=$(printf '%s %s' "$b" "$(hash_inputs docker/training.Dockerfile \
@@ -131,7 +136,7 @@ save() { # $1: name; exports the committed image to its archive, atomically, and
   rm -f "$tmp"
   bah push --quiet "${IMAGE[$name]}" "docker-archive:$tmp:${IMAGE[$name]}" >&2
   mv "$tmp" "$out"
-  find "$OUT" -maxdepth 1 -name "$name-*.tar" ! -name "$(basename "$out")" -delete
+  find "$OUT" -maxdepth 1 -name "$name-*" ! -name "$name-${KEY[$name]}.*" -delete
 }
 
 build_base() {
@@ -190,6 +195,7 @@ build() { # $1: name
   case $1 in
     base) build_base ;;
     pause) build_pause ;;
+    init) ensure_base_in_store; build_dockerfile init docker/pytorch-init.Dockerfile ;;
     controller) ensure_base_in_store; build_dockerfile controller Dockerfile ;;
     runtime) ensure_base_in_store; build_dockerfile runtime docker/runtime.Dockerfile ;;
     training) ensure_base_in_store; build_dockerfile training docker/training.Dockerfile ;;
@@ -203,7 +209,7 @@ main() {
   for a in "$@"; do
     case $a in
       --no-build) no_build=1 ;;
-      base | pause | controller | runtime | training) names+=("$a") ;;
+      base | pause | init | controller | runtime | training) names+=("$a") ;;
       *) die "unknown image $a (one of: ${ORDER[*]})" ;;
     esac
   done
@@ -221,7 +227,7 @@ main() {
   for n in "${ORDER[@]}"; do
     [[ " ${names[*]} " == *" $n "* ]] || continue
     # A derived image needs the base archive too.
-    if [[ $n =~ ^(controller|runtime|training)$ ]] && [ ! -f "$(archive base)" ]; then
+    if [[ $n =~ ^(init|controller|runtime|training)$ ]] && [ ! -f "$(archive base)" ]; then
       [[ " ${todo[*]} " == *" base "* ]] || todo+=(base)
     fi
     [ -f "$(archive "$n")" ] || [[ " ${todo[*]} " == *" $n "* ]] || todo+=("$n")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+import yaml
+
 from .node import REAL_NODE_LABEL, REAL_NODE_TAINT
 
 if TYPE_CHECKING:
@@ -63,7 +65,40 @@ def install(cluster: LocalCluster, *, timeout: int = 180) -> str:
 
 
 def uninstall(cluster: LocalCluster) -> None:
-    """Remove the Deployments and the webhook configuration; not the CRDs (`delete -k` would
-    take them, and every TrainingProgress with them)."""
-    cluster.kubectl("delete", "mutatingwebhookconfiguration", "kubeckpt-webhook", check=False)
-    cluster.kubectl("delete", "namespace", SYSTEM_NS, "--timeout=120s", check=False, timeout=150)
+    """What `kubectl delete -k config/local` removes, but the CRDs (and every TrainingProgress
+    with them) and the shared namespace; and what the add-on made at run time (its certificate
+    Secret, the leader Lease). Waits until its pods are gone."""
+    docs = yaml.safe_load_all(cluster.kubectl("kustomize", str(LOCAL_OVERLAY)).stdout)
+    keep = {"CustomResourceDefinition", "Namespace"}
+    rest = [d for d in docs if d and d["kind"] not in keep]
+    cluster.kubectl(
+        "delete",
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=120s",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(rest),
+        timeout=150,
+    )
+    cluster.kubectl(
+        "delete",
+        "secret/kubeckpt-webhook-certs",
+        "lease/kubeckpt-reconciler",
+        "-n",
+        SYSTEM_NS,
+        "--ignore-not-found",
+        check=False,
+    )
+    cluster.kubectl(
+        "wait",
+        "--for=delete",
+        "pod",
+        "-l",
+        "app.kubernetes.io/name=kubeckpt",
+        "-n",
+        SYSTEM_NS,
+        "--timeout=120s",
+        check=False,
+        timeout=150,
+    )

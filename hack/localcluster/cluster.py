@@ -33,6 +33,7 @@ import yaml
 
 from . import pki
 from .binaries import Binaries, ensure_binaries
+from .images import IMAGES
 from .node import NODE_IP, REAL_NODE_TAINT, NodeUnavailable, RealNode, sweep_stale_real_node
 from .waiting import wait_for
 
@@ -739,6 +740,8 @@ class LocalCluster:
                 f"--health-probe-bind-address=127.0.0.1:{self.ports['operator_probe']}",
                 f"--metrics-bind-address=127.0.0.1:{self.ports['operator_metrics']}",
                 "--leader-elect=false",
+                # Its worker init container (nslookup of the master) from the node's own images.
+                f"--pytorch-init-container-image={IMAGES['init']}",
             ],
             env={**os.environ, "TMPDIR": str(tmp), "MY_POD_NAMESPACE": ns},
         )

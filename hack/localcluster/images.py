@@ -13,6 +13,7 @@ BUILD_SCRIPT = HACK / "images" / "build.sh"
 IMAGES = {
     "base": "kubeckpt.local/debian-python:bookworm",
     "pause": "kubeckpt.local/pause:3.10",
+    "init": "kubeckpt.local/pytorch-init:local",
     "controller": "kubeckpt.local/kubeckpt:local",
     "runtime": "kubeckpt.local/kubeckpt-runtime:local",
     "training": "kubeckpt.local/kubeckpt-training:local",
