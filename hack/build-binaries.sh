@@ -8,7 +8,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=versions.env
+# shellcheck source-path=SCRIPTDIR source=versions.env
 source "$here/versions.env"
 
 CACHE=${KUBECKPT_CACHE:-$HOME/.cache/kubeckpt}

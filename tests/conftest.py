@@ -22,7 +22,16 @@ def cluster() -> Iterator[LocalCluster]:
         pytest.fail(
             f"{e}\nBuild them with `make binaries` (hack/build-binaries.sh).", pytrace=False
         )
-    c = LocalCluster(nodes=3, binaries=binaries)
+    # A real node too where the machine can run one (tests/node), tainted so that the KWOK-based
+    # tests' pods stay on KWOK nodes, and started only when a test asks for it.
+    c = LocalCluster(
+        nodes=3,
+        binaries=binaries,
+        real_nodes=1,
+        taint_real_nodes=True,
+        real_node_optional=True,
+        defer_real_node=True,
+    )
     c.start()
     try:
         yield c

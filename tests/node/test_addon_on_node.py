@@ -1,0 +1,353 @@
+"""kubeckpt installed for real (`kubectl apply -k config/local`: the webhook and reconciler
+Deployments on the real node, from the images `make images` built), and the demo's scenario on it
+with assertions: an unchanged two-pod PyTorchJob (DDP over the pod network) injected by the
+in-cluster webhook, its progress read by the in-cluster reconciler through the kubelet's exec,
+preempted by `kubectl drain` (the kubelet runs the injected preStop, both ranks save one step,
+the containers exit 0), recreated by the operator, resumed at exactly that step on both ranks,
+bitwise equal at the end to an uninterrupted run, Completed, with JITCheckpoint and Resumed
+Events once each and the final status read from the termination message."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from localcluster import LocalCluster, wait_for
+from localcluster import addon as kubeckpt_addon
+from localcluster.node import NODE_NAME, RealNode
+from localcluster.pods import running, wait_pod
+
+REPO = Path(__file__).resolve().parents[2]
+SYSTEM_NS = kubeckpt_addon.SYSTEM_NS
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def addon(cluster: LocalCluster, real_node: RealNode) -> Iterator[None]:
+    kubeckpt_addon.install(cluster)
+    try:
+        yield
+    finally:
+        kubeckpt_addon.uninstall(cluster)
+
+
+def test_install_runs_for_real(cluster: LocalCluster, addon: None) -> None:
+    for name in ("kubeckpt-webhook", "kubeckpt-reconciler"):
+        d = json.loads(
+            cluster.kubectl("get", "deployment", name, "-n", SYSTEM_NS, "-o", "json").stdout
+        )
+        assert d["status"].get("availableReplicas") == 2, d["status"]
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", SYSTEM_NS, "-o", "json").stdout)["items"]
+    assert len(pods) == 4
+    for p in pods:
+        assert p["spec"]["nodeName"] == NODE_NAME
+        uid = cluster.kubectl(
+            "exec",
+            p["metadata"]["name"],
+            "-n",
+            SYSTEM_NS,
+            "--",
+            "python",
+            "-c",
+            "import os; print(os.getuid())",
+        ).stdout.strip()
+        assert uid == "65532"
+    mwc = json.loads(
+        cluster.kubectl(
+            "get", "mutatingwebhookconfiguration", "kubeckpt-webhook", "-o", "json"
+        ).stdout
+    )
+    assert all(w["clientConfig"].get("caBundle") for w in mwc["webhooks"])
+    lease = json.loads(
+        cluster.kubectl("get", "lease", "kubeckpt-reconciler", "-n", SYSTEM_NS, "-o", "json").stdout
+    )
+    # The identity is "<pod>_<uuid>" (one per process start).
+    assert lease["spec"]["holderIdentity"].split("_")[0] in {p["metadata"]["name"] for p in pods}
+
+
+def load_demo() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kubeckpt_demo", REPO / "hack" / "demo.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_demo_scenario_preempts_and_resumes_exactly(
+    cluster: LocalCluster, addon: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    demo = load_demo()
+    args = argparse.Namespace(fast=True, reference=True, keep=False)
+    rc = demo.run(args, tmp_path, cluster)
+    out = capsys.readouterr().out
+    assert rc == 0, out[-8000:]
+    assert "PASS: kubeckpt demo" in out
+    assert "[FAILED]" not in out, out[-8000:]
+    # What the demo checked, named here so that a silent change of its checks shows.
+    for what in (
+        "both ranks resumed at exactly one step",
+        "no step lost",
+        "final parameters bitwise equal to the uninterrupted run's",
+        "Events JITCheckpoint x1, Resumed x1",
+        "the final status read from the terminationMessage",
+    ):
+        assert what in out, what
+    assert re.search(r"tp -w \| tiny-mlp\s+tiny-mlp\s+\d+", out), "kubectl get tp -w showed no row"
+
+
+RAM_JOB = "ram-full"
+
+
+def _exec(cluster: LocalCluster, ns: str, pod: str, *argv: str, check: bool = True) -> str:
+    return cluster.kubectl("exec", pod, "-n", ns, "-c", "pytorch", "--", *argv, check=check).stdout
+
+
+def _record(cluster: LocalCluster, ns: str, pod: str) -> dict:
+    out = _exec(cluster, ns, pod, "cat", "/var/run/kubeckpt/progress.json", check=False)
+    try:
+        return json.loads(out)
+    except ValueError:
+        return {}
+
+
+FILL = """
+import os, sys
+path = sys.argv[1]
+with open(path, "wb") as f:
+    try:
+        while True:
+            f.write(b"\\0" * 65536)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        print("filled", e.errno)
+"""
+
+
+def test_full_ramdisk_tier_fails_the_save_clearly_and_training_goes_on(
+    cluster: LocalCluster, addon: None, node_ns: str, tmp_path: Path
+) -> None:
+    """The ramdisk tier is a real tmpfs of its sizeLimit: filled up, the next local save fails
+    with ENOSPC, reported in the progress record; training goes on; the previous local
+    checkpoint stays complete."""
+    demo = load_demo()
+    ns = node_ns
+    cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
+    storage = tmp_path / "volume"
+    (storage / "runs" / ns / RAM_JOB).mkdir(parents=True)
+    for p in (storage, storage / "runs", storage / "runs" / ns, storage / "runs" / ns / RAM_JOB):
+        p.chmod(0o777)
+    objects = demo.storage_objects(storage)
+    for o in objects:
+        o["metadata"]["name"] = o["metadata"]["name"].replace(demo.NAMESPACE, ns)
+        if o["kind"] == "PersistentVolume":
+            o["spec"]["claimRef"]["namespace"] = ns
+        else:
+            o["metadata"]["namespace"] = ns
+    cluster.apply(objects)
+    cluster.kubectl(
+        "create",
+        "configmap",
+        "train",
+        "-n",
+        ns,
+        f"--from-file=train.py={REPO / 'hack' / 'demo' / 'train.py'}",
+    )
+    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", ns, "--from-literal=token=x")
+    policy = demo.demo_policy(save_steps=100000)  # the persistent tier stays out of the way
+    policy["spec"]["localTier"] = {"enabled": True, "sizeLimit": "8Mi", "periodSteps": 20}
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(policy))
+    job = demo.demo_job(RAM_JOB, 3000, 0.05, tolerate=True)
+    del job["spec"]["pytorchReplicaSpecs"]["Worker"]
+    c = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    c["command"][-1] = c["command"][-1].replace("--nnodes=2", "--nnodes=1")
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
+    pod = f"{RAM_JOB}-master-0"
+    wait_pod(cluster, ns, pod, running, "running", timeout=180)
+    mounts = _exec(cluster, ns, pod, "cat", "/proc/mounts")
+    local = [ln.split() for ln in mounts.splitlines() if ln.split()[1] == "/var/run/kubeckpt/local"]
+    assert local and local[0][2] == "tmpfs" and "size=8192k" in local[0][3], mounts
+
+    def first_local() -> str | None:
+        names = _exec(cluster, ns, pod, "ls", "/var/run/kubeckpt/local", check=False).split()
+        done = [n for n in names if n.startswith("checkpoint-")]
+        return sorted(done, key=lambda n: int(n.split("-")[1]))[-1] if done else None
+
+    kept = wait_for(first_local, "a local checkpoint", timeout=120)
+    out = _exec(cluster, ns, pod, "python", "-c", FILL, "/var/run/kubeckpt/local/filler")
+    assert "filled 28" in out, out
+
+    def failed() -> dict | None:
+        rec = _record(cluster, ns, pod)
+        ck = rec.get("checkpointing") or {}
+        return rec if (ck.get("failedSaves") or 0) >= 1 else None
+
+    rec = wait_for(failed, "a failed local save in the progress record", timeout=120)
+    error = rec["checkpointing"].get("lastError", "")
+    assert "No space left" in error or "28" in error, error
+    step_at_failure = rec["step"]
+    wait_for(
+        lambda: _record(cluster, ns, pod).get("step", 0) >= step_at_failure + 20,
+        "training to go on after the failed save",
+        timeout=60,
+    )
+    files = _exec(cluster, ns, pod, "ls", f"/var/run/kubeckpt/local/{kept}").split()
+    assert "manifest.json" in files, files
+
+
+def _single_job(demo: ModuleType, name: str, steps: int, step_seconds: float) -> dict:
+    job = demo.demo_job(name, steps, step_seconds, tolerate=True)
+    del job["spec"]["pytorchReplicaSpecs"]["Worker"]
+    c = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    c["command"][-1] = c["command"][-1].replace("--nnodes=2", "--nnodes=1")
+    return job
+
+
+def _opted_in(cluster: LocalCluster, demo: ModuleType, ns: str) -> None:
+    """An opted-in namespace whose policy keeps checkpoints in the pod (no volume needed)."""
+    cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
+    cluster.kubectl(
+        "create",
+        "configmap",
+        "train",
+        "-n",
+        ns,
+        f"--from-file=train.py={REPO / 'hack' / 'demo' / 'train.py'}",
+    )
+    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", ns, "--from-literal=token=x")
+    policy = demo.demo_policy(save_steps=50)
+    policy["spec"]["storage"] = {"uri": "file:///tmp/checkpoints"}
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(policy))
+
+
+def _events(cluster: LocalCluster, ns: str, job: str) -> list[str]:
+    out = cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        ns,
+        "-o",
+        "json",
+        "--field-selector",
+        f"involvedObject.name={job},involvedObject.kind=PyTorchJob",
+    ).stdout
+    return [e["reason"] for e in json.loads(out)["items"] for _ in range(e.get("count") or 1)]
+
+
+def test_webhook_down_fails_open_and_the_reconciler_marks_not_injected(
+    cluster: LocalCluster, addon: None, node_ns: str
+) -> None:
+    demo = load_demo()
+    _opted_in(cluster, demo, node_ns)
+    cluster.kubectl("scale", "deployment", "kubeckpt-webhook", "-n", SYSTEM_NS, "--replicas=0")
+    try:
+        cluster.kubectl(
+            "wait",
+            "--for=delete",
+            "pod",
+            "-l",
+            "app.kubernetes.io/component=webhook",
+            "-n",
+            SYSTEM_NS,
+            "--timeout=60s",
+            timeout=80,
+        )
+        job = _single_job(demo, "uninjected", 20, 0.05)
+        cluster.kubectl("apply", "-n", node_ns, "-f", "-", input=json.dumps(job))
+        pod = wait_pod(
+            cluster, node_ns, "uninjected-master-0", lambda p: True, "created", timeout=60
+        )
+        assert "kubeckpt.io/injected" not in pod["metadata"].get("labels", {})
+        wait_for(
+            lambda: "NotInjected" in _events(cluster, node_ns, "uninjected"),
+            "the NotInjected Event",
+            timeout=60,
+        )
+    finally:
+        cluster.kubectl("scale", "deployment", "kubeckpt-webhook", "-n", SYSTEM_NS, "--replicas=2")
+        cluster.kubectl(
+            "rollout",
+            "status",
+            "deployment/kubeckpt-webhook",
+            "-n",
+            SYSTEM_NS,
+            "--timeout=120s",
+            timeout=140,
+        )
+
+
+def test_reconciler_leader_killed_the_other_takes_over_without_duplicate_events(
+    cluster: LocalCluster, addon: None, node_ns: str
+) -> None:
+    demo = load_demo()
+    _opted_in(cluster, demo, node_ns)
+    job = _single_job(demo, "takeover", 500, 0.1)
+    cluster.kubectl("apply", "-n", node_ns, "-f", "-", input=json.dumps(job))
+
+    def tp() -> dict:
+        p = cluster.kubectl("get", "tp", "takeover", "-n", node_ns, "-o", "json", check=False)
+        return (json.loads(p.stdout).get("status") or {}) if p.returncode == 0 else {}
+
+    wait_for(lambda: "CheckpointSaved" in _events(cluster, node_ns, "takeover"), "a save", 180)
+
+    def holder() -> str:
+        return cluster.kubectl(
+            "get",
+            "lease",
+            "kubeckpt-reconciler",
+            "-n",
+            SYSTEM_NS,
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ).stdout
+
+    leader = holder()
+    cluster.kubectl(
+        "delete", "pod", leader.split("_")[0], "-n", SYSTEM_NS, "--grace-period=0", "--force"
+    )
+    new = wait_for(lambda: (h := holder()) and h != leader and h, "a new leader", timeout=60)
+    step = tp().get("step", 0)
+    wait_for(lambda: tp().get("step", 0) > step, f"{new} to follow the job", timeout=60)
+    wait_for(
+        lambda: any(
+            c["type"] == "Completed" and c["status"] == "True" for c in tp().get("conditions", [])
+        ),
+        "the job to complete",
+        timeout=180,
+    )
+    reasons = _events(cluster, node_ns, "takeover")
+    assert reasons.count("Completed") == 1, reasons
+    saves = [r for r in reasons if r == "CheckpointSaved"]
+    # One Event per checkpoint (every 50 of 500 steps, plus the final one at most).
+    assert 1 <= len(saves) <= 11, reasons
+    assert len(saves) == len(set(_checkpoint_messages(cluster, node_ns, "takeover"))), reasons
+    cluster.kubectl(
+        "rollout",
+        "status",
+        "deployment/kubeckpt-reconciler",
+        "-n",
+        SYSTEM_NS,
+        "--timeout=120s",
+        timeout=140,
+    )
+
+
+def _checkpoint_messages(cluster: LocalCluster, ns: str, job: str) -> list[str]:
+    out = cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        ns,
+        "-o",
+        "json",
+        "--field-selector",
+        f"involvedObject.name={job},reason=CheckpointSaved",
+    ).stdout
+    return [e["message"] for e in json.loads(out)["items"] for _ in range(e.get("count") or 1)]
