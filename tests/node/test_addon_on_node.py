@@ -172,7 +172,9 @@ def test_full_ramdisk_tier_fails_the_save_clearly_and_training_goes_on(
     pod = f"{RAM_JOB}-master-0"
     wait_pod(cluster, ns, pod, running, "running", timeout=180)
     mounts = _exec(cluster, ns, pod, "cat", "/proc/mounts")
-    local = [ln.split() for ln in mounts.splitlines() if ln.split()[1] == "/var/run/kubeckpt/local"]
+    # (/var/run is a link to /run in Debian images: the mount table shows the resolved path.)
+    where = ("/var/run/kubeckpt/local", "/run/kubeckpt/local")
+    local = [ln.split() for ln in mounts.splitlines() if ln.split()[1] in where]
     assert local and local[0][2] == "tmpfs" and "size=8192k" in local[0][3], mounts
 
     def first_local() -> str | None:
