@@ -10,6 +10,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=versions.env
 source "$here/versions.env"
+# shellcheck source-path=SCRIPTDIR source=apt.sh
+source "$here/apt.sh"
 
 CACHE=${KUBECKPT_CACHE:-$HOME/.cache/kubeckpt}
 mkdir -p "$CACHE"
@@ -170,13 +172,7 @@ ensure_node_packages() {
     command -v "$c" >/dev/null 2>&1 || [ -x "$c" ] || missing=1
   done
   [ "$missing" = 0 ] && return
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing the real node's Debian packages: ${NODE_PACKAGES[*]}"
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${NODE_PACKAGES[@]}" >&2
-  else
-    log "warning: the real node needs Debian's ${NODE_PACKAGES[*]} (as root: apt-get install -y ${NODE_PACKAGES[*]}); only KWOK nodes can start"
-  fi
+  apt_install build-binaries "${NODE_PACKAGES[@]}" || log "only KWOK nodes can start here"
 }
 
 build_etcd() {

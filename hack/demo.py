@@ -36,6 +36,7 @@ import yaml
 
 from localcluster import LocalCluster, wait_for
 from localcluster import addon as kubeckpt_addon
+from localcluster.local_webhook import ADDON_ONLY_LABEL
 from localcluster.pods import get_pod, running, wait_pod
 
 REPO = Path(__file__).resolve().parent.parent
@@ -284,6 +285,8 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
 
         step_title(f"an opted-in namespace {NAMESPACE!r}: a CheckpointPolicy, a PVC, a Secret")
         cluster.kubectl("create", "namespace", NAMESPACE)
+        if not own:  # the test session's cluster: keep its local test webhook out of the demo
+            cluster.kubectl("label", "namespace", NAMESPACE, f"{ADDON_ONLY_LABEL}=true")
         show(cluster, "label", "namespace", NAMESPACE, "kubeckpt.io/inject=enabled")
         storage = work / "volume"
         # The per-job directories the webhook's subPath names (the kubelet would create them

@@ -19,6 +19,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=versions.env
 source "$here/versions.env"
+# shellcheck source-path=SCRIPTDIR source=../apt.sh
+source "$here/../apt.sh"
 
 CACHE=${KUBECKPT_CACHE:-$HOME/.cache/kubeckpt}
 OUT="$CACHE/images"
@@ -84,13 +86,7 @@ ensure_tools() {
   command -v gcc >/dev/null || missing+=(gcc)
   [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || missing+=(libc6-dev)
   [ ${#missing[@]} = 0 ] && return
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    log "installing ${missing[*]} (Debian packages)"
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
-  else
-    die "the image builds need ${missing[*]}: as root, apt-get install -y ${missing[*]}"
-  fi
+  apt_install images "${missing[@]}" || exit 1
 }
 
 bah() {

@@ -23,6 +23,8 @@ from .waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 MWC_NAME = "kubeckpt-webhook-it"
+# A namespace with this label is served only by the add-on installed from config/ (tests/node).
+ADDON_ONLY_LABEL = "kubeckpt.io/addon-only"
 WEBHOOK_NS = "kubeckpt-system"
 
 
@@ -111,4 +113,8 @@ def local_webhook_configuration(port: int, name: str = MWC_NAME) -> dict:
     for w in mwc["webhooks"]:
         path = w["clientConfig"]["service"]["path"]
         w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}"}
+        # Namespaces of the real-node tests belong to the add-on installed there, alone.
+        w.setdefault("namespaceSelector", {}).setdefault("matchExpressions", []).append(
+            {"key": ADDON_ONLY_LABEL, "operator": "DoesNotExist"}
+        )
     return mwc

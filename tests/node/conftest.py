@@ -12,6 +12,7 @@ import pytest
 
 from localcluster import LocalCluster, NodeUnavailable
 from localcluster.images import MissingImages
+from localcluster.local_webhook import ADDON_ONLY_LABEL
 from localcluster.node import RealNode
 
 
@@ -29,6 +30,8 @@ def node_ns(cluster: LocalCluster, real_node: RealNode) -> Iterator[str]:
     that the next test does not wait for their grace periods."""
     name = f"n-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
+    # Only the add-on installed on the node serves it, not the session's local test webhook.
+    cluster.kubectl("label", "namespace", name, f"{ADDON_ONLY_LABEL}=true")
     try:
         yield name
     finally:

@@ -21,6 +21,7 @@ import pytest
 
 from localcluster import LocalCluster, wait_for
 from localcluster import addon as kubeckpt_addon
+from localcluster.images import IMAGES
 from localcluster.node import NODE_NAME, RealNode
 from localcluster.pods import running, wait_pod
 
@@ -152,22 +153,11 @@ def test_full_ramdisk_tier_fails_the_save_clearly_and_training_goes_on(
         else:
             o["metadata"]["namespace"] = ns
     cluster.apply(objects)
-    cluster.kubectl(
-        "create",
-        "configmap",
-        "train",
-        "-n",
-        ns,
-        f"--from-file=train.py={REPO / 'hack' / 'demo' / 'train.py'}",
-    )
-    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", ns, "--from-literal=token=x")
+    _job_inputs(cluster, ns)
     policy = demo.demo_policy(save_steps=100000)  # the persistent tier stays out of the way
     policy["spec"]["localTier"] = {"enabled": True, "sizeLimit": "8Mi", "periodSteps": 20}
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(policy))
-    job = demo.demo_job(RAM_JOB, 3000, 0.05, tolerate=True)
-    del job["spec"]["pytorchReplicaSpecs"]["Worker"]
-    c = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-    c["command"][-1] = c["command"][-1].replace("--nnodes=2", "--nnodes=1")
+    job = _single_job(demo, RAM_JOB, 3000, 0.05)
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
     pod = f"{RAM_JOB}-master-0"
     wait_pod(cluster, ns, pod, running, "running", timeout=180)
@@ -204,7 +194,15 @@ def test_full_ramdisk_tier_fails_the_save_clearly_and_training_goes_on(
     assert "manifest.json" in files, files
 
 
+def _job_inputs(cluster: LocalCluster, ns: str) -> None:
+    """What the demo's job references: its script (a ConfigMap) and the HF-token-style Secret."""
+    script = REPO / "hack" / "demo" / "train.py"
+    cluster.kubectl("create", "configmap", "train", "-n", ns, f"--from-file=train.py={script}")
+    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", ns, "--from-literal=token=x")
+
+
 def _single_job(demo: ModuleType, name: str, steps: int, step_seconds: float) -> dict:
+    """The demo's job with its master only (one pod, one rank)."""
     job = demo.demo_job(name, steps, step_seconds, tolerate=True)
     del job["spec"]["pytorchReplicaSpecs"]["Worker"]
     c = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
@@ -215,21 +213,14 @@ def _single_job(demo: ModuleType, name: str, steps: int, step_seconds: float) ->
 def _opted_in(cluster: LocalCluster, demo: ModuleType, ns: str) -> None:
     """An opted-in namespace whose policy keeps checkpoints in the pod (no volume needed)."""
     cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
-    cluster.kubectl(
-        "create",
-        "configmap",
-        "train",
-        "-n",
-        ns,
-        f"--from-file=train.py={REPO / 'hack' / 'demo' / 'train.py'}",
-    )
-    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", ns, "--from-literal=token=x")
+    _job_inputs(cluster, ns)
     policy = demo.demo_policy(save_steps=50)
     policy["spec"]["storage"] = {"uri": "file:///tmp/checkpoints"}
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(policy))
 
 
-def _events(cluster: LocalCluster, ns: str, job: str) -> list[str]:
+def _job_events(cluster: LocalCluster, ns: str, job: str) -> list[dict]:
+    """The job's Events, each repeated `count` times (an Event sent twice is aggregated)."""
     out = cluster.kubectl(
         "get",
         "events",
@@ -240,7 +231,11 @@ def _events(cluster: LocalCluster, ns: str, job: str) -> list[str]:
         "--field-selector",
         f"involvedObject.name={job},involvedObject.kind=PyTorchJob",
     ).stdout
-    return [e["reason"] for e in json.loads(out)["items"] for _ in range(e.get("count") or 1)]
+    return [e for e in json.loads(out)["items"] for _ in range(e.get("count") or 1)]
+
+
+def _events(cluster: LocalCluster, ns: str, job: str) -> list[str]:
+    return [e["reason"] for e in _job_events(cluster, ns, job)]
 
 
 def test_webhook_down_fails_open_and_the_reconciler_marks_not_injected(
@@ -329,7 +324,12 @@ def test_reconciler_leader_killed_the_other_takes_over_without_duplicate_events(
     saves = [r for r in reasons if r == "CheckpointSaved"]
     # One Event per checkpoint (every 50 of 500 steps, plus the final one at most).
     assert 1 <= len(saves) <= 11, reasons
-    assert len(saves) == len(set(_checkpoint_messages(cluster, node_ns, "takeover"))), reasons
+    messages = [
+        e["message"]
+        for e in _job_events(cluster, node_ns, "takeover")
+        if e["reason"] == "CheckpointSaved"
+    ]
+    assert len(messages) == len(set(messages)), messages  # no checkpoint announced twice
     cluster.kubectl(
         "rollout",
         "status",
@@ -341,15 +341,92 @@ def test_reconciler_leader_killed_the_other_takes_over_without_duplicate_events(
     )
 
 
-def _checkpoint_messages(cluster: LocalCluster, ns: str, job: str) -> list[str]:
-    out = cluster.kubectl(
-        "get",
-        "events",
+ZC_JOB = "zerocode-lora"
+HF_SCRIPTS = REPO / "tests" / "runtime" / "hf"
+
+
+def test_zero_code_hf_job_preempted_and_resumed(
+    cluster: LocalCluster, addon: None, node_ns: str, tmp_path: Path
+) -> None:
+    """An unmodified HF Trainer script (LoRA on a tiny Llama, no kubeckpt import) with
+    instrumentation.auto: the runtime arrives by the init container into a read-only volume on
+    PYTHONPATH; `kubectl delete pod` saves it just in time (exit 143, so the operator restarts
+    it), and the recreated pod resumes at that step by itself and completes."""
+    demo = load_demo()
+    ns = node_ns
+    cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
+    storage = tmp_path / "volume"
+    job_dir = storage / "runs" / ns / ZC_JOB
+    job_dir.mkdir(parents=True)
+    for p in (storage, storage / "runs", job_dir.parent, job_dir):
+        p.chmod(0o777)
+    objects = demo.storage_objects(storage)
+    for o in objects:
+        o["metadata"]["name"] = o["metadata"]["name"].replace(demo.NAMESPACE, ns)
+        if o["kind"] == "PersistentVolume":
+            o["spec"]["claimRef"]["namespace"] = ns
+        else:
+            o["metadata"]["namespace"] = ns
+    cluster.apply(objects)
+    cluster.kubectl(
+        "create",
+        "configmap",
+        "train",
         "-n",
         ns,
-        "-o",
-        "json",
-        "--field-selector",
-        f"involvedObject.name={job},reason=CheckpointSaved",
-    ).stdout
-    return [e["message"] for e in json.loads(out)["items"] for _ in range(e.get("count") or 1)]
+        f"--from-file=zerocode_job.py={HF_SCRIPTS / 'zerocode_job.py'}",
+        f"--from-file=tiny_hf.py={HF_SCRIPTS / 'tiny_hf.py'}",
+    )
+    policy = demo.demo_policy(save_steps=1000)
+    policy["spec"]["instrumentation"] = {"auto": True}
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(policy))
+    job = _single_job(demo, ZC_JOB, 1, 0.1)
+    c = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    c["env"] = []  # no Secret here
+    c["command"] = [
+        "bash",
+        "-c",
+        "python /scripts/zerocode_job.py --status-dir /tmp/status --output-dir /tmp/out "
+        '--epochs 3 --sleep 0.3; rc=$?; echo "training exited $rc"; exit $rc',
+    ]
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
+    pod = f"{ZC_JOB}-master-0"
+    first = wait_pod(cluster, ns, pod, running, "running", timeout=180)
+    spec = first["spec"]
+    init = {i["name"]: i for i in spec.get("initContainers", [])}
+    assert init["kubeckpt-runtime"]["image"] == IMAGES["runtime"], init
+    main = spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in main.get("env", [])}
+    assert env["PYTHONPATH"].startswith("/var/run/kubeckpt-runtime"), env["PYTHONPATH"]
+    mount = next(m for m in main["volumeMounts"] if m["name"] == "kubeckpt-runtime")
+    assert mount.get("readOnly") is True
+    wait_for(
+        lambda: _record(cluster, ns, pod).get("step", 0) >= 10, "the Trainer past step 10", 180
+    )
+    uid = first["metadata"]["uid"]
+    cluster.kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
+    second = wait_pod(
+        cluster, ns, pod, lambda p: p["metadata"]["uid"] != uid and running(p), "recreated", 180
+    )
+    assert second["metadata"]["labels"].get("kubeckpt.io/injected") == "true"
+    resumed = wait_for(
+        lambda: (r := _record(cluster, ns, pod)).get("resumedFrom") and r,
+        "the resume",
+        timeout=180,
+    )
+    jit_step = int(resumed["resumedFrom"].split("-")[1])
+    assert jit_step >= 10
+    assert (job_dir / f"checkpoint-{jit_step}" / "manifest.json").is_file()
+    wait_for(
+        lambda: job_condition(cluster, ns, ZC_JOB, "Succeeded") == "True", "the job", timeout=300
+    )
+    logs = cluster.kubectl("logs", pod, "-n", ns).stdout
+    assert "training exited 0" in logs, logs[-3000:]
+
+
+def job_condition(cluster: LocalCluster, ns: str, job: str, type_: str) -> str | None:
+    p = cluster.kubectl("get", "pytorchjob", job, "-n", ns, "-o", "json", check=False)
+    if p.returncode != 0:
+        return None
+    conds = (json.loads(p.stdout).get("status") or {}).get("conditions") or []
+    return next((c["status"] for c in conds if c["type"] == type_), None)

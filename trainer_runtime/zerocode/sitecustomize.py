@@ -11,6 +11,11 @@ What it does:
   `trainer_runtime.hf.kubeckpt_trainer(self)`: the callback, output_dir at CHECKPOINT_URI and
   auto-resume. The finder then takes itself off sys.meta_path.
 
+- After a just-in-time stop of an attached Trainer: the process exits 143 instead of the script's
+  0 (trainer_runtime.contract.PREEMPTED_EXIT_CODE), so that the job controller restarts the job
+  rather than take the preempted pod for a success. An atexit handler registered here, before the
+  script runs, runs last of all: the script's own handlers, threads and output are done by then.
+
 It imports only the standard library and never torch or transformers: a script that does not
 import transformers runs exactly as without it. Any failure inside the hook prints one warning to
 stderr and leaves the program running as it would without kubeckpt. Written in syntax that old
@@ -23,7 +28,9 @@ import sys
 _MIN_PYTHON = (3, 11)
 _TARGET = "transformers.trainer"
 _MARK = "_kubeckpt_zerocode"
+_PREEMPTED_EXIT_CODE = 143  # trainer_runtime.contract.PREEMPTED_EXIT_CODE (stdlib only here)
 _warned = []
+_attached = []  # the callbacks attached to Trainers
 
 
 def _warn(message):
@@ -46,6 +53,9 @@ def _attach(trainer):
         from trainer_runtime.hf import kubeckpt_trainer
 
         kubeckpt_trainer(trainer)
+        callback = getattr(trainer, "kubeckpt", None)
+        if callback is not None:
+            _attached.append(callback)
     except Exception as e:
         _warn(f"not attached to {type(trainer).__name__}, training without it: {e!r}")
 
@@ -140,6 +150,18 @@ class _TrainerFinder:
             pass
 
 
+def _exit_status():
+    """The last atexit handler: 143 after a just-in-time stop, whatever the script returned."""
+    if not any(getattr(c, "stopped", False) for c in _attached):
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(_PREEMPTED_EXIT_CODE)
+
+
 def _install():
     if sys.version_info < _MIN_PYTHON:
         want = ".".join(map(str, _MIN_PYTHON))
@@ -147,6 +169,9 @@ def _install():
         return
     if any(getattr(f, _MARK, False) for f in sys.meta_path):
         return  # a second copy of the hook on the path
+    import atexit
+
+    atexit.register(_exit_status)  # before anything of the script's: it runs last
     module = sys.modules.get(_TARGET)
     if module is not None:  # imported before us (a site .pth file): patch it now
         _patch(module)

@@ -2,8 +2,9 @@
 unmodified scripts run with the hook on PYTHONPATH as the webhook sets it.
 
 The HF script (zerocode_job.py: tiny Llama, LoRA through peft, no kubeckpt import) under torchrun
-with 2 ranks: progress appears, SIGTERM to one rank makes both save at the same step and exit 0,
-the restart resumes at that step by itself, and the LoRA parameters and loss history equal an
+with 2 ranks: progress appears, SIGTERM to one rank makes both save at the same step and exit 143
+(so that a job controller restarts the job; torchrun then reports its workers failed), the restart
+resumes at that step by itself, and the LoRA parameters and loss history equal an
 uninterrupted run's. Scripts that never import transformers run unchanged; an existing
 sitecustomize still runs; with CHECKPOINT_ENABLED off nothing is attached.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,7 +185,12 @@ def test_unmodified_peft_script_saves_on_sigterm_and_resumes_exactly(
     first = _start(_torchrun(status, root / "out", 0.3), env, tmp_path / "first.log", tmp_path)
     wait_for_step(root / "progress.json", 3, first, timeout=240)  # progress appears
     os.kill(int((status / "pid-1").read_text()), signal.SIGTERM)  # rank 1 only
-    assert finish(first, timeout=240) == 0, tail(tmp_path / "first.log")
+    # Each rank exits 143 after the just-in-time save (the script itself returned 0), and
+    # torchrun, its workers failed, exits non-zero: what makes the operator restart the job.
+    assert finish(first, timeout=240) != 0, tail(tmp_path / "first.log")
+    assert re.search(r"exitcode\s*:\s*143", tail(tmp_path / "first.log")), tail(
+        tmp_path / "first.log"
+    )
 
     stopped = [json.loads((status / f"stopped-{r}.json").read_text())["step"] for r in (0, 1)]
     assert stopped[0] == stopped[1] and 3 <= stopped[0] < STEPS, stopped
