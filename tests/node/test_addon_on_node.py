@@ -386,7 +386,10 @@ def test_zero_code_hf_job_preempted_and_resumed(
     c["command"] = [
         "bash",
         "-c",
-        "python /scripts/zerocode_job.py --status-dir /tmp/status --output-dir /tmp/out "
+        # torchrun, as HF jobs on Kubeflow are run (the operator's WORLD_SIZE alone would make
+        # accelerate expect a process group that a plain `python` never starts).
+        "torchrun --standalone --nproc-per-node=1 /scripts/zerocode_job.py "
+        "--status-dir /tmp/status --output-dir /tmp/out "
         '--epochs 3 --sleep 0.3; rc=$?; echo "training exited $rc"; exit $rc',
     ]
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
@@ -400,9 +403,13 @@ def test_zero_code_hf_job_preempted_and_resumed(
     assert env["PYTHONPATH"].startswith("/var/run/kubeckpt-runtime"), env["PYTHONPATH"]
     mount = next(m for m in main["volumeMounts"] if m["name"] == "kubeckpt-runtime")
     assert mount.get("readOnly") is True
-    wait_for(
-        lambda: _record(cluster, ns, pod).get("step", 0) >= 10, "the Trainer past step 10", 180
-    )
+    try:
+        wait_for(
+            lambda: _record(cluster, ns, pod).get("step", 0) >= 10, "the Trainer past step 10", 180
+        )
+    except TimeoutError as e:
+        logs = cluster.kubectl("logs", pod, "-n", ns, "--all-containers", check=False)
+        raise AssertionError(f"{e}\n{logs.stdout[-4000:]}{logs.stderr[-1000:]}") from e
     uid = first["metadata"]["uid"]
     cluster.kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
     second = wait_pod(
