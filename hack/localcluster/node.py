@@ -79,7 +79,29 @@ def host_problem() -> str | None:
         and not CGROUP_ROOT.joinpath("cgroup.controllers").exists()
     ):
         return f"no cgroup hierarchy at {CGROUP_ROOT}"
+    foreign = _foreign_node_processes()
+    if foreign:
+        return (
+            f"this machine already runs {foreign}: a second kubelet and kube-proxy would share "
+            "its kubepods cgroups and KUBE-* iptables chains (and our teardown would remove "
+            "them); the real node needs a machine without another Kubernetes node on it"
+        )
     return None
+
+
+def _foreign_node_processes() -> str:
+    """A kubelet or kube-proxy on this machine that is not one of ours (ours die with their
+    cluster, PR_SET_PDEATHSIG, so any one found before our node starts is someone else's)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            comm = proc.joinpath("comm").read_text().strip()
+        except OSError:
+            continue
+        if comm in ("kubelet", "kube-proxy"):
+            return f"{comm} (pid {proc.name})"
+    return ""
 
 
 def run(*argv: str, check: bool = True, timeout: float = 60, input: str | None = None) -> str:
@@ -296,9 +318,8 @@ class RealNode:
 
     # --- lifecycle ---
     def prepare(self) -> None:
-        problem = host_problem()
-        if problem:
-            raise NodeUnavailable(problem)
+        if os.geteuid() != 0:
+            raise NodeUnavailable(host_problem() or "not root")
         self.cache.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.cache / "realnode.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -311,6 +332,12 @@ class RealNode:
                 f"another cluster with a real node runs on this machine (pid {owner}); "
                 "stop it first (make cluster-down), one real node per machine"
             ) from None
+        # Checked under the lock: a kubelet found now is not one of our clusters'.
+        problem = host_problem()
+        if problem:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise NodeUnavailable(problem)
         stale = self.record.load()
         if stale:  # left by a crashed run; its owner is gone (we hold the lock)
             teardown_host(stale)
