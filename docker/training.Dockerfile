@@ -18,9 +18,11 @@ FROM ${BASE}
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 COPY --from=deps /opt/venv /opt/venv
 # The project last: a change to it rebuilds only this small layer.
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml /src/
 COPY trainer_runtime /src/trainer_runtime
-RUN /opt/venv/bin/pip install --no-cache-dir --no-deps /src && rm -rf /src
+# (README.md, pyproject's long description: a stand-in, so that doc edits rebuild nothing.)
+RUN echo kubeckpt >/src/README.md \
+    && /opt/venv/bin/pip install --no-cache-dir --no-deps /src && rm -rf /src
 ENV PATH=/opt/venv/bin:$PATH HOME=/tmp HF_HOME=/tmp/hf PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 USER 1000:1000

@@ -66,13 +66,13 @@ compute_keys() {
   KEY[pause]=$(hash_inputs hack/images/pause.c hack/images/versions.env)
   local b=${KEY[base]}
   KEY[controller]=$(printf '%s %s' "$b" "$(hash_inputs Dockerfile .dockerignore pyproject.toml \
-    README.md reconciler webhook trainer_runtime)" | sha256sum | cut -c1-16)
+    reconciler webhook trainer_runtime)" | sha256sum | cut -c1-16)
   KEY[init]=$(printf '%s %s' "$b" "$(hash_inputs docker/pytorch-init.Dockerfile docker/nslookup.py)" |
     sha256sum | cut -c1-16)
   KEY[runtime]=$(printf '%s %s' "$b" "$(hash_inputs docker/runtime.Dockerfile trainer_runtime)" |
     sha256sum | cut -c1-16)
   KEY[training]=$(printf '%s %s' "$b" "$(hash_inputs docker/training.Dockerfile \
-    docker/training-requirements.txt docker/prune_cuda.py pyproject.toml README.md trainer_runtime)" |
+    docker/training-requirements.txt docker/prune_cuda.py pyproject.toml trainer_runtime)" |
     sha256sum | cut -c1-16)
 }
 
