@@ -250,6 +250,53 @@ build_training_operator() {
   touch "$out/.complete"
 }
 
+# Kubeflow Trainer v2 and JobSet: each built inside its own module (its go.mod and go.sum, as
+# upstream builds it; `go install mod@version` of JobSet's root package needs the module's version
+# list, which the proxy may refuse). Their CRDs, webhook manifests (rendered at cluster start with
+# kubectl kustomize) and Trainer's torch-distributed ClusterTrainingRuntime ship in the same modules.
+build_in_module() { # $1: module@version, $2: package (relative), $3: output file
+  local src work
+  src=$(module_dir "$1")
+  [ -d "$src" ] || die "could not download $1 from the Go module proxy"
+  work=$(mktemp -d)
+  cp -a "$src/." "$work/"
+  chmod -R u+w "$work"
+  (cd "$work" && "$GO" build -mod=readonly -ldflags "-s -w" -o "$3" "$2" >&2)
+  rm -rf "$work"
+}
+
+build_jobset() {
+  local out="$CACHE/jobset-$JOBSET_VERSION"
+  done_stamp "$out" && return
+  log "building the JobSet controller $JOBSET_VERSION"
+  rm -rf "$out"
+  mkdir -p "$out/crds"
+  build_in_module "sigs.k8s.io/jobset@$JOBSET_VERSION" . "$out/jobset-controller"
+  local src
+  src=$(module_dir "sigs.k8s.io/jobset@$JOBSET_VERSION")
+  cp "$src"/config/components/crd/bases/*.yaml "$out/crds/"
+  cp -r "$src/config/components/webhook" "$out/webhook"
+  chmod -R u+w "$out"
+  touch "$out/.complete"
+}
+
+build_trainer() {
+  local out="$CACHE/trainer-$TRAINER_VERSION"
+  done_stamp "$out" && return
+  log "building the Kubeflow Trainer controller manager $TRAINER_VERSION"
+  rm -rf "$out"
+  mkdir -p "$out/crds" "$out/runtimes"
+  build_in_module "github.com/kubeflow/trainer/v2@$TRAINER_VERSION" ./cmd/trainer-controller-manager \
+    "$out/trainer-controller-manager"
+  local src
+  src=$(module_dir "github.com/kubeflow/trainer/v2@$TRAINER_VERSION")
+  cp "$src"/manifests/base/crds/trainer.kubeflow.org_*.yaml "$out/crds/"
+  cp -r "$src/manifests/base/webhook" "$out/webhook"
+  cp "$src/manifests/base/runtimes/torch_distributed.yaml" "$out/runtimes/"
+  chmod -R u+w "$out"
+  touch "$out/.complete"
+}
+
 find_kubectl() {
   # The machine's kubectl when it is within one minor version of the server (the supported skew),
   # else one built from the same Kubernetes module.
@@ -291,12 +338,14 @@ main() {
   build_etcd
   build_kwok
   build_training_operator
+  build_jobset
+  build_trainer
   build_kubernetes
   build_kubernetes_node
   build_coredns
   find_kubectl
   ensure_node_packages
-  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION.env"
+  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION.env"
   cat >"$envfile" <<EOF
 KUBECKPT_ETCD=$CACHE/etcd-$ETCD_VERSION/etcd
 KUBECKPT_KUBE_APISERVER=$CACHE/kubernetes-$K8S_VERSION/kube-apiserver
@@ -307,6 +356,10 @@ KUBECKPT_KWOK_CRDS=$CACHE/kwok-$KWOK_VERSION/crds
 KUBECKPT_KWOK_STAGES=$CACHE/kwok-$KWOK_VERSION/stages
 KUBECKPT_TRAINING_OPERATOR=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/training-operator.v1
 KUBECKPT_TRAINING_OPERATOR_CRDS=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/crds
+KUBECKPT_JOBSET=$CACHE/jobset-$JOBSET_VERSION/jobset-controller
+KUBECKPT_JOBSET_MANIFESTS=$CACHE/jobset-$JOBSET_VERSION
+KUBECKPT_TRAINER=$CACHE/trainer-$TRAINER_VERSION/trainer-controller-manager
+KUBECKPT_TRAINER_MANIFESTS=$CACHE/trainer-$TRAINER_VERSION
 KUBECKPT_KUBECTL=$KUBECTL
 KUBECKPT_KUBELET=$CACHE/kubernetes-node-$K8S_VERSION/kubelet
 KUBECKPT_KUBE_PROXY=$CACHE/kubernetes-node-$K8S_VERSION/kube-proxy

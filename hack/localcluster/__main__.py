@@ -1,6 +1,7 @@
 """`python -m localcluster up|start|stop|status` (run with hack/ on sys.path; see the Makefile).
 
-up     run the cluster in the foreground until SIGINT/SIGTERM
+up     run the cluster in the foreground until SIGINT/SIGTERM (with Kubeflow Trainer and JobSet
+       when it has a real node; --trainer off|on|status, status = Trainer's TrainJobStatus gate on)
 start  run it in the background and return once it is ready (state in .cluster/)
 stop   stop a cluster started with `start`
 """
@@ -23,7 +24,7 @@ from .node import host_problem
 STATE = REPO / ".cluster"
 
 
-def _up(nodes: int, real_nodes: int | None, state: Path | None) -> int:
+def _up(nodes: int, real_nodes: int | None, state: Path | None, trainer: str | None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -36,6 +37,8 @@ def _up(nodes: int, real_nodes: int | None, state: Path | None) -> int:
     cluster = LocalCluster(nodes=nodes, real_nodes=real_nodes, taint_kwok_nodes=bool(real_nodes))
     cluster.start()
     try:
+        if (trainer or ("on" if real_nodes else "off")) != "off":
+            cluster.start_trainer(status_gate=trainer == "status")
         info = cluster.describe()
         if state is not None:
             state.mkdir(exist_ok=True)
@@ -57,7 +60,7 @@ def _up(nodes: int, real_nodes: int | None, state: Path | None) -> int:
                 (state / f).unlink(missing_ok=True)
 
 
-def _start(nodes: int, real_nodes: int | None) -> int:
+def _start(nodes: int, real_nodes: int | None, trainer: str | None) -> int:
     STATE.mkdir(exist_ok=True)
     info = STATE / "cluster.json"
     if info.exists():
@@ -76,6 +79,7 @@ def _start(nodes: int, real_nodes: int | None) -> int:
             "--nodes",
             str(nodes),
             *(["--real-nodes", str(real_nodes)] if real_nodes is not None else []),
+            *(["--trainer", trainer] if trainer is not None else []),
             "--state",
             str(STATE),
         ],
@@ -131,12 +135,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="real nodes (containerd + kubelet); default 1 where the machine can run one",
     )
+    ap.add_argument(
+        "--trainer",
+        choices=["off", "on", "status"],
+        default=None,
+        help="Kubeflow Trainer and JobSet (default: on with a real node); status: with Trainer's "
+        "TrainJobStatus feature gate",
+    )
     ap.add_argument("--state", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.command == "up":
-        return _up(args.nodes, args.real_nodes, args.state)
+        return _up(args.nodes, args.real_nodes, args.state, args.trainer)
     if args.command == "start":
-        return _start(args.nodes, args.real_nodes)
+        return _start(args.nodes, args.real_nodes, args.trainer)
     return _stop()
 
 

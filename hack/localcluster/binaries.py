@@ -26,6 +26,11 @@ class Binaries:
     kwok_stages: Path
     training_operator: Path
     training_operator_crds: Path
+    # Kubeflow Trainer v2 and JobSet (kubeflow_trainer.py): binaries and their module's manifests.
+    jobset: Path
+    jobset_manifests: Path
+    trainer: Path
+    trainer_manifests: Path
     kubectl: Path
     # The real node (hack/localcluster/node.py); containerd, runc and the CNI plugins come from
     # Debian's packages.

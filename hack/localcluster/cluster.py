@@ -34,6 +34,7 @@ import yaml
 from . import pki
 from .binaries import Binaries, ensure_binaries
 from .images import IMAGES
+from .kubeflow_trainer import TrainerStack
 from .node import NODE_IP, REAL_NODE_TAINT, NodeUnavailable, RealNode, sweep_stale_real_node
 from .waiting import wait_for
 
@@ -187,6 +188,7 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.ports: dict[str, int] = {}
         self.node: RealNode | None = None
+        self.trainer = TrainerStack(self)
         self.real_node_problem: str | None = None
         if self.real_nodes not in (0, 1):
             raise ValueError("one real node at most (they would share the host's containerd)")
@@ -253,6 +255,18 @@ class LocalCluster:
                 raise
             self.timings.update({f"node_{k}": v for k, v in self.node.timings.items()})
         return self.node
+
+    def start_trainer(self, *, status_gate: bool = False) -> TrainerStack:
+        """Kubeflow Trainer v2 and JobSet (kubeflow_trainer.py), started on first use; Trainer is
+        restarted when asked for the other TrainJobStatus gate setting. Starts the real node
+        first when there is one (Trainer's status server is reached through it)."""
+        if self.node is not None:
+            self.start_real_node()
+        self.trainer.start(status_gate=status_gate)
+        return self.trainer
+
+    def stop_trainer(self) -> None:
+        self.trainer.stop()
 
     def stop(self) -> None:
         try:

@@ -315,6 +315,7 @@ class RealNode:
         self._lock_fd: int | None = None
         self.record = HostRecord(self.cache / "realnode.json")
         self.started = False
+        self.guarded_ports: set[int] = set()
 
     # --- lifecycle ---
     def prepare(self) -> None:
@@ -408,6 +409,15 @@ class RealNode:
         # Bridged traffic must pass iptables, or replies from a Service's pod skip the un-DNAT.
         with contextlib.suppress(OSError):
             Path("/proc/sys/net/bridge/bridge-nf-call-iptables").write_text("1")
+
+    def guard_host_port(self, port: int) -> None:
+        """A host process that pods reach at the node's address but that listens on every
+        address (Trainer's status server): only loopback and the bridge may connect."""
+        self.guarded_ports.add(port)
+        run(
+            "iptables", "-I", "INPUT", "1", "-p", "tcp", "--dport", str(port),
+            "-j", "KUBECKPT-APISERVER",
+        )  # fmt: skip
 
     def _cni_config(self) -> dict[str, Any]:
         return {
