@@ -8,13 +8,17 @@ itself (e.g. `async_save=False`), so a training script can pin a value in code.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .contract import ContractError, RuntimeSettings
+from .contract import KUBECKPT_JOB_KIND, ContractError, RuntimeSettings
+from .contract.jobkinds import JOB_KINDS, job_kind
+
+log = logging.getLogger(__name__)
 
 # Runtime-only variables: not part of the webhook contract, so they live here, not in contract/.
 KUBECKPT_ASYNC_SAVE: Final = "KUBECKPT_ASYNC_SAVE"
@@ -66,6 +70,15 @@ class Config:
             raise ContractError(f"{KUBECKPT_LOCAL_KEEP}: expected an integer >= 1")
         if self.local_keep < 1:
             raise ContractError(f"{KUBECKPT_LOCAL_KEEP}: expected an integer >= 1")
+        kind = self.settings.job_kind
+        if kind is not None and job_kind(kind) is None:
+            # Not an error: checkpoints work the same; only the controller will not follow it.
+            log.warning(
+                "kubeckpt: %s=%r is not a job kind kubeckpt knows (%s): no TrainingProgress",
+                KUBECKPT_JOB_KIND,
+                kind,
+                ", ".join(k.kind for k in JOB_KINDS),
+            )
 
     @property
     def enabled(self) -> bool:

@@ -41,6 +41,12 @@ from trainer_runtime.contract import (
     TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
     TRAINING_PROGRESS_FILE,
 )
+from trainer_runtime.contract.jobkinds import job_identity
+from trainer_runtime.contract.optin import (
+    INJECTED_LABEL,
+    STATUS_ANNOTATION,
+    opted_in,
+)
 from trainer_runtime.zerocode import pythonpath_entries
 
 from .policy import (
@@ -50,15 +56,6 @@ from .policy import (
     local_size_limit,
     policy_from_object,
 )
-
-# Labels and annotations (DESIGN.md "Pods").
-INJECT_LABEL = "kubeckpt.io/inject"
-INJECTED_LABEL = "kubeckpt.io/injected"
-STATUS_ANNOTATION = "kubeckpt.io/status"
-NAMESPACE_OPT_IN = "enabled"
-PYTORCHJOB_NAME_LABEL = "training.kubeflow.org/job-name"
-PYTORCHJOB_OPERATOR_LABEL = "training.kubeflow.org/operator-name"
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 RUN_VOLUME = "kubeckpt-run"
 STORAGE_VOLUME = "kubeckpt-storage"
@@ -89,13 +86,6 @@ GRACE_FACTOR = 1.5
 GRACE_HEADROOM_SECONDS = 10
 
 
-@dataclass(frozen=True)
-class JobIdentity:
-    kind: str  # PyTorchJob or TrainJob
-    name: str
-    target_container: str  # preferred container name
-
-
 @dataclass
 class MutationResult:
     pod: dict[str, Any]
@@ -104,28 +94,6 @@ class MutationResult:
     warnings: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     injected: bool = False
-
-
-def job_identity(labels: Mapping[str, str]) -> JobIdentity | None:
-    """Which training job a pod belongs to, from the labels its operator sets."""
-    name = labels.get(PYTORCHJOB_NAME_LABEL)
-    if name and labels.get(PYTORCHJOB_OPERATOR_LABEL, "pytorchjob-controller") == (
-        "pytorchjob-controller"
-    ):
-        return JobIdentity("PyTorchJob", name, "pytorch")
-    name = labels.get(JOBSET_NAME_LABEL)
-    if name:
-        return JobIdentity("TrainJob", name, "node")
-    return None
-
-
-def opted_in(pod_labels: Mapping[str, str], namespace: Mapping[str, Any] | None) -> bool:
-    """The pod label wins either way; else the namespace label decides."""
-    choice = pod_labels.get(INJECT_LABEL)
-    if choice is not None:
-        return choice.strip().lower() == "true"
-    ns_labels = ((namespace or {}).get("metadata") or {}).get("labels") or {}
-    return ns_labels.get(INJECT_LABEL) == NAMESPACE_OPT_IN
 
 
 def grace_seconds(policy: Policy, progress: Mapping[str, Any] | None) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -93,51 +93,6 @@ def _interval_seconds(text: str, where: str) -> int:
     if seconds < 1:
         raise ContractError(f"must be at least 1s, got {text!r}", field=where)
     return math.ceil(seconds)
-
-
-# --- label selectors ---
-
-
-def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """metav1.LabelSelector semantics; an empty selector matches everything."""
-    for k, v in (selector.get("matchLabels") or {}).items():
-        if labels.get(k) != v:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        present = key in labels
-        if op == "In" and not (present and labels[key] in values):
-            return False
-        if op == "NotIn" and present and labels[key] in values:
-            return False
-        if op == "Exists" and not present:
-            return False
-        if op == "DoesNotExist" and present:
-            return False
-        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            return False  # an unknown operator matches nothing, as in the API machinery
-    return True
-
-
-def select_policy(
-    policies: Iterable[Mapping[str, Any]], labels: Mapping[str, str]
-) -> tuple[Mapping[str, Any] | None, list[str]]:
-    """The oldest matching policy (ties broken by name), and warnings about unusable ones."""
-    matching = []
-    warnings = []
-    for obj in policies:
-        spec = obj.get("spec") or {}
-        if obj.get("metadata", {}).get("deletionTimestamp"):
-            continue
-        if selector_matches(spec.get("selector") or {}, labels):
-            matching.append(obj)
-    matching.sort(
-        key=lambda o: (o["metadata"].get("creationTimestamp", ""), o["metadata"].get("name", ""))
-    )
-    if len(matching) > 1:
-        names = ", ".join(o["metadata"]["name"] for o in matching)
-        warnings.append(f"kubeckpt: several CheckpointPolicies match ({names}); the oldest wins")
-    return (matching[0] if matching else None), warnings
 
 
 # --- per-job overrides ---

@@ -33,19 +33,20 @@ from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of, object_key
 from reconciler.resources import PODS, Resource
 from trainer_runtime.contract.env import parse_duration
+from trainer_runtime.contract.optin import opted_in, select_policy
 from trainer_runtime.contract.progress import parse_rfc3339
-from webhook.mutation import opted_in
-from webhook.policy import select_policy
 
 from . import discovery as d
 from .reading import ExecFn, ReadError, parse, read_file
 from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
 from .status import API_VERSION, FIELD_MANAGER, KIND, Decision, Observation, changed, decide
-from .trainjob import TRAINJOB_API_VERSION, TrainJobWatcher, trainer_status
+from .trainjob import TRAINJOB_API_VERSION, TrainJobWatcher, trainer_status, trainer_status_server
 
 log = logging.getLogger("kubeckpt.progress")
 
-PYTORCHJOBS = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+PYTORCHJOBS = Resource(
+    d.PYTORCHJOB.group, d.PYTORCHJOB.version, d.PYTORCHJOB.plural, d.PYTORCHJOB.kind
+)
 TRAININGPROGRESSES = Resource(
     "kubeckpt.io",
     "v1alpha1",
@@ -152,7 +153,7 @@ class ProgressController:
                 label_selector=f"{label},{d.INJECTED_LABEL}!=true",
                 indexers={JOB_INDEX: pod_job_index},
             )
-            for label in (d.PYTORCHJOB_NAME_LABEL, d.JOBSET_NAME_LABEL)
+            for label in sorted({k.name_label for k in d.JOB_KINDS})
         ]
         self.namespaces = manager.informer(client.api(NAMESPACES))
         self.policies = manager.informer(client.api(CHECKPOINTPOLICIES))
@@ -183,7 +184,7 @@ class ProgressController:
         self._written.pop(key, None)
         self._trainer_conflicts.discard(key)
 
-    def job(self, key: str) -> tuple[KubeObject | None, str]:
+    def job(self, key: str) -> tuple[KubeObject | None, d.JobKind]:
         """The job with this key from the caches, and its kind."""
         job = self.jobs.store.get(key)
         if job is not None:
@@ -204,13 +205,12 @@ class ProgressController:
         self._written.pop(key, None)
         return tp
 
-    async def _ensure_tp(self, key: str, job: KubeObject, kind: str) -> KubeObject | None:
+    async def _ensure_tp(self, key: str, job: KubeObject, kind: d.JobKind) -> KubeObject | None:
         tp = self.tps.store.get(key)
         if tp is not None:
             return tp
         md = job["metadata"]
-        default_version = TRAINJOB_API_VERSION if kind == d.TRAINJOB else PYTORCHJOBS.api_version
-        ref = {"apiVersion": job.get("apiVersion") or default_version, "kind": kind}
+        ref = {"apiVersion": job.get("apiVersion") or kind.api_version, "kind": kind.kind}
         body = {
             "apiVersion": API_VERSION,
             "kind": KIND,
@@ -250,7 +250,9 @@ class ProgressController:
                 out.append(md.get("name", ""))
         return sorted(out)
 
-    async def _read(self, pod: KubeObject, container: dict[str, Any], kind: str) -> Observation:
+    async def _read(
+        self, pod: KubeObject, container: dict[str, Any], kind: d.JobKind
+    ) -> Observation:
         obs = Observation(pod=name_of(pod), source="exec")
         path = d.progress_path(container)
         try:
@@ -346,7 +348,11 @@ class ProgressController:
             self.stats["skipped_writes"] += 1
         else:
             await self._write(key, job, tp, prev_status, decision)
-            if kind == d.TRAINJOB and self.trainjobs.has_trainer_status:
+            if (
+                kind.progress_status_field
+                and self.trainjobs.has_trainer_status
+                and not (container is not None and trainer_status_server(container))
+            ):
                 await self._write_trainer_status(key, job, decision.status)
         if decision.accepted:
             state.new_pod = False
@@ -397,7 +403,11 @@ class ProgressController:
             return
         md = job["metadata"]
         body = status_patch(
-            TRAINJOB_API_VERSION, "TrainJob", md["name"], md["namespace"], {"trainerStatus": ts}
+            TRAINJOB_API_VERSION,
+            d.TRAINJOB.kind,
+            md["name"],
+            md["namespace"],
+            {"trainerStatus": ts},
         )
         try:
             await apply_status(self.trainjobs.api, body, field_manager=FIELD_MANAGER)

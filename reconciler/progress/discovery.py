@@ -1,8 +1,7 @@
 """Pure functions over pod and job objects: which pod is rank 0, which container, which path.
 
-DESIGN.md, "Pods": a PyTorchJob's pods carry `training.kubeflow.org/job-name`; rank 0 is
-`training.kubeflow.org/job-role=master`, or replica-type master with replica index 0. A TrainJob's
-carry `jobset.sigs.k8s.io/jobset-name`; rank 0 has job-index 0 and completion index 0.
+What a job kind's pods look like (the labels naming the job and rank 0, the training container)
+is declared once, in trainer_runtime.contract.jobkinds; the webhook reads the same table.
 """
 
 from __future__ import annotations
@@ -12,56 +11,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.objects import KubeObject
+from trainer_runtime.contract.jobkinds import JOB_KINDS, PYTORCHJOB, TRAINJOB, JobKind, job_identity
+from trainer_runtime.contract.optin import INJECTED_LABEL, STATUS_ANNOTATION
 
-INJECTED_LABEL = "kubeckpt.io/injected"
-STATUS_ANNOTATION = "kubeckpt.io/status"
-PYTORCHJOB_NAME_LABEL = "training.kubeflow.org/job-name"
-PYTORCHJOB_ROLE_LABEL = "training.kubeflow.org/job-role"
-PYTORCHJOB_REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
-PYTORCHJOB_REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-JOBSET_JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
-COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+__all__ = ["JOB_KINDS", "PYTORCHJOB", "TRAINJOB", "JobKind"]
 
 PROGRESS_ENV = "TRAINING_PROGRESS_FILE"
 UPDATE_FREQUENCY_ENV = "PROGRESS_UPDATE_FREQUENCY"
 DEFAULT_PROGRESS_PATH = "/workspace/training_progress.json"  # the runtime's default when unset
 DEFAULT_UPDATE_FREQUENCY = 5
 
-PYTORCHJOB = "PyTorchJob"
-TRAINJOB = "TrainJob"
-_TARGET_CONTAINER = {PYTORCHJOB: "pytorch", TRAINJOB: "node"}
-
 
 def _labels(obj: KubeObject) -> dict[str, str]:
     return (obj.get("metadata") or {}).get("labels") or {}
 
 
-def job_of_pod(pod: KubeObject) -> tuple[str, str] | None:
+def job_of_pod(pod: KubeObject) -> tuple[JobKind, str] | None:
     """(kind, name) of the training job a pod belongs to, from its labels; None if none."""
-    labels = _labels(pod)
-    if name := labels.get(PYTORCHJOB_NAME_LABEL):
-        return PYTORCHJOB, name
-    if name := labels.get(JOBSET_NAME_LABEL):
-        return TRAINJOB, name
-    return None
+    ident = job_identity(_labels(pod))
+    return (ident.job_kind, ident.name) if ident else None
 
 
-def is_rank0(pod: KubeObject, kind: str = PYTORCHJOB) -> bool:
-    labels = _labels(pod)
-    if kind == TRAINJOB:
-        return (
-            labels.get(JOBSET_JOB_INDEX_LABEL) == "0" and labels.get(COMPLETION_INDEX_LABEL) == "0"
-        )
-    if labels.get(PYTORCHJOB_ROLE_LABEL) == "master":
-        return True
-    return (
-        labels.get(PYTORCHJOB_REPLICA_TYPE_LABEL, "").lower() == "master"
-        and labels.get(PYTORCHJOB_REPLICA_INDEX_LABEL) == "0"
-    )
+def is_rank0(pod: KubeObject, kind: JobKind = PYTORCHJOB) -> bool:
+    return kind.is_rank0(_labels(pod))
 
 
-def rank0_pod(pods: list[KubeObject], kind: str = PYTORCHJOB) -> KubeObject | None:
+def rank0_pod(pods: list[KubeObject], kind: JobKind = PYTORCHJOB) -> KubeObject | None:
     """The job's rank-0 pod: of several (an old one terminating, its replacement), the one not
     being deleted, then the newest."""
     candidates = [p for p in pods if is_rank0(p, kind)]
@@ -83,7 +58,7 @@ def injected(pod: KubeObject) -> bool:
     return _labels(pod).get(INJECTED_LABEL) == "true"
 
 
-def target_container(pod: KubeObject, kind: str = PYTORCHJOB) -> dict[str, Any] | None:
+def target_container(pod: KubeObject, kind: JobKind = PYTORCHJOB) -> dict[str, Any] | None:
     """The container the webhook injected (its status annotation names it), else the kind's
     default (`pytorch`, `node`), else the first."""
     containers = (pod.get("spec") or {}).get("containers") or []
@@ -98,7 +73,7 @@ def target_container(pod: KubeObject, kind: str = PYTORCHJOB) -> dict[str, Any] 
             name = None
         if name in by_name:
             return by_name[name]
-    return by_name.get(_TARGET_CONTAINER.get(kind, ""), containers[0])
+    return by_name.get(kind.target_container, containers[0])
 
 
 def _env_value(container: dict[str, Any], name: str) -> str | None:

@@ -18,11 +18,15 @@ from reconciler.informer import Informer
 from reconciler.objects import KubeObject
 from reconciler.resources import Resource
 from trainer_runtime.contract.env import parse_duration
+from trainer_runtime.contract.jobkinds import TRAINJOB
 
 log = logging.getLogger("kubeckpt.progress.trainjob")
 
-TRAINJOB_API_VERSION = "trainer.kubeflow.org/v1alpha1"
-TRAINJOB_CRD = "trainjobs.trainer.kubeflow.org"
+TRAINJOB_API_VERSION = TRAINJOB.api_version
+TRAINJOB_CRD = f"{TRAINJOB.plural}.{TRAINJOB.group}"
+# Set by Trainer in the `node` containers when its TrainJobStatus gate is on: its own status
+# server (which transformers' KubeflowCallback posts to) then owns status.trainerStatus.
+TRAINER_SERVER_ENV = "KUBEFLOW_TRAINER_SERVER_URL"
 CRDS = Resource(
     "apiextensions.k8s.io",
     "v1",
@@ -89,6 +93,11 @@ def trainer_status(tp_status: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
+def trainer_status_server(container: dict[str, Any]) -> bool:
+    """Whether Trainer's status server reports this pod's progress (gate TrainJobStatus on)."""
+    return any(e.get("name") == TRAINER_SERVER_ENV for e in container.get("env") or [])
+
+
 class TrainJobWatcher:
     """Notices the TrainJob API (discovery, every `interval` seconds) without a restart, then
     runs an informer on it and calls `on_informer` once; re-reads whether the CRD has
@@ -111,7 +120,7 @@ class TrainJobWatcher:
     async def _round(self) -> None:
         if self.informer is None:
             try:
-                res = await self.client.resource(TRAINJOB_API_VERSION, "trainjobs")
+                res = await self.client.resource(TRAINJOB_API_VERSION, TRAINJOB.plural)
             except (ResourceNotFound, ApiError):
                 return
             self.api = self.client.api(res)

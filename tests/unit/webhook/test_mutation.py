@@ -8,6 +8,7 @@ import json
 import jsonpatch
 import pytest
 
+from trainer_runtime.contract.optin import select_policy
 from webhook.mutation import (
     INJECTED_LABEL,
     STATUS_ANNOTATION,
@@ -15,7 +16,7 @@ from webhook.mutation import (
     mutate,
     prestop_command,
 )
-from webhook.policy import Policy, apply_overrides, local_size_limit, select_policy
+from webhook.policy import Policy, apply_overrides, local_size_limit
 
 NS = {"metadata": {"name": "team-a", "labels": {"kubeckpt.io/inject": "enabled"}}}
 PLAIN_NS = {"metadata": {"name": "team-a"}}

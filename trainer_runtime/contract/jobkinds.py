@@ -1,0 +1,141 @@
+"""The job kinds kubeckpt serves, each declared once (stdlib only).
+
+What a job kind is, for every part of kubeckpt: the labels its operator puts on the pods (which
+job a pod belongs to, which pod is rank 0), the container that trains, the job's API resource, how
+it is suspended, whether its operator replaces a pod while the old one is still terminating, and
+whether its status has a field we may write. The webhook (`job_identity`), the progress controller
+(informers, rank-0 pod, target container, TrainingProgress owner) and the runtime (validating
+KUBECKPT_JOB_KIND) read this table, as kubebuilder's `groupversion_info.go` and
+controller-runtime's builder declare a kind once. Adding a kind means one entry here plus its RBAC
+in config/rbac (tests/unit/test_jobkinds.py checks the role against this table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Labels set by the operators (their APIs, not ours).
+PYTORCHJOB_NAME_LABEL = "training.kubeflow.org/job-name"
+PYTORCHJOB_OPERATOR_LABEL = "training.kubeflow.org/operator-name"
+PYTORCHJOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+PYTORCHJOB_REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+PYTORCHJOB_REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+LabelSet = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """One kind of training job, as its pods and its API show it."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    # The pod label whose value is the job's name (one job of this kind per name and namespace).
+    name_label: str
+    # Rank 0 is the pod that carries every label of any one of these sets (values compared
+    # case-insensitively: the training-operator has written both "Master" and "master").
+    rank0: tuple[LabelSet, ...]
+    # The container that trains (the webhook's target; else the pod's first container).
+    target_container: str
+    # Where `true` suspends the job (its operator then deletes the pods, gracefully).
+    suspend_field: tuple[str, ...]
+    # Whether the operator creates a replacement pod while the old one is still terminating (a
+    # Job does, unless podReplacementPolicy is Failed; a PyTorchJob's replacement has the old
+    # pod's name, so it cannot exist before the old one is gone).
+    replaces_terminating_pods: bool
+    # Whether the job's own status has a field for progress that we may write (TrainJob's
+    # status.trainerStatus, where its CRD has it). A PyTorchJob's CRD prunes unknown fields and
+    # its operator replaces the whole status.
+    progress_status_field: str | None = None
+    # A label that, when present, must have this value (another operator using the same labels).
+    operator_label: tuple[str, str] | None = None
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    def job_name(self, labels: Mapping[str, str]) -> str | None:
+        """The job's name if a pod with these labels belongs to a job of this kind."""
+        name = labels.get(self.name_label)
+        if not name:
+            return None
+        if self.operator_label is not None:
+            key, value = self.operator_label
+            if labels.get(key, value) != value:
+                return None
+        return name
+
+    def is_rank0(self, labels: Mapping[str, str]) -> bool:
+        return any(
+            all(str(labels.get(k, "")).lower() == v.lower() for k, v in label_set)
+            for label_set in self.rank0
+        )
+
+
+PYTORCHJOB = JobKind(
+    kind="PyTorchJob",
+    group="kubeflow.org",
+    version="v1",
+    plural="pytorchjobs",
+    name_label=PYTORCHJOB_NAME_LABEL,
+    rank0=(
+        ((PYTORCHJOB_ROLE_LABEL, "master"),),
+        ((PYTORCHJOB_REPLICA_TYPE_LABEL, "master"), (PYTORCHJOB_REPLICA_INDEX_LABEL, "0")),
+    ),
+    target_container="pytorch",
+    suspend_field=("spec", "runPolicy", "suspend"),
+    replaces_terminating_pods=False,
+    operator_label=(PYTORCHJOB_OPERATOR_LABEL, "pytorchjob-controller"),
+)
+
+TRAINJOB = JobKind(
+    kind="TrainJob",
+    group="trainer.kubeflow.org",
+    version="v1alpha1",
+    plural="trainjobs",
+    # Trainer names the JobSet after the TrainJob.
+    name_label=JOBSET_NAME_LABEL,
+    rank0=(((JOBSET_JOB_INDEX_LABEL, "0"), (COMPLETION_INDEX_LABEL, "0")),),
+    target_container="node",
+    suspend_field=("spec", "suspend"),
+    replaces_terminating_pods=True,
+    progress_status_field="trainerStatus",
+)
+
+# In the order a pod is matched: a PyTorchJob's labels first.
+JOB_KINDS: tuple[JobKind, ...] = (PYTORCHJOB, TRAINJOB)
+BY_KIND: Mapping[str, JobKind] = {k.kind: k for k in JOB_KINDS}
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Which job a pod belongs to."""
+
+    job_kind: JobKind
+    name: str
+
+    @property
+    def kind(self) -> str:
+        return self.job_kind.kind
+
+    @property
+    def target_container(self) -> str:
+        return self.job_kind.target_container
+
+
+def job_identity(labels: Mapping[str, str]) -> JobIdentity | None:
+    """The training job a pod belongs to, from the labels its operator set; None if none."""
+    for kind in JOB_KINDS:
+        if name := kind.job_name(labels):
+            return JobIdentity(kind, name)
+    return None
+
+
+def job_kind(kind: str) -> JobKind | None:
+    return BY_KIND.get(kind)
