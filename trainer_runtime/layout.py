@@ -3,7 +3,8 @@
 `<root>/checkpoint-<step>/` is written in this order, each step durable before the next:
 
 1. the directory, holding only the sentinel `checkpoint-is-incomplete.txt` (fsynced with both
-   directories), so even an empty leftover is recognisably incomplete;
+   directories), so even an empty leftover is recognisably incomplete; the writer touches it
+   every second until step 4 (handover.py: a replacement pod waits for a live writer);
 2. the data files, each fsynced by its writer;
 3. `manifest.json` (sizes and SHA-256 of every file), written atomically: temp, fsync, rename,
    fsync the directory;
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import handover
 from .contract import (
     INCOMPLETE_SENTINEL,
     Manifest,
@@ -77,12 +79,15 @@ def begin(root: str | os.PathLike[str], step: int) -> Path:
     sentinel = path / INCOMPLETE_SENTINEL
     fd = os.open(sentinel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, f"being written by pid {os.getpid()}\n".encode())
+        os.write(fd, handover.owner_record().encode())
         os.fsync(fd)
     finally:
         os.close(fd)
     fsync_dir(path)
     fsync_dir(root)
+    # A replacement pod's restore waits while this beats (handover.py); it stops by itself once
+    # the sentinel is gone.
+    handover.start_heartbeat(sentinel)
     return path
 
 

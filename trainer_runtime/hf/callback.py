@@ -45,7 +45,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .. import layout
+from .. import handover, layout
 from ..config import Config
 from ..contract import (
     PREEMPTED_EXIT_CODE,
@@ -100,6 +100,9 @@ def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None
     A complete checkpoint that fails verification is skipped (and left for inspection).
     """
     rank, _ = _rank_world()
+    # Every rank waits alike (each then scans by itself): a pod being replaced may still be
+    # writing a newer checkpoint, which the clean-up below would otherwise delete.
+    handover.wait_for_saves_in_flight(root)
     if rank == 0:
         layout.remove_incomplete(root)
     checksums = config.should_verify_checksums if config is not None else True

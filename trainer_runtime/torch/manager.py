@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from .. import layout
+from .. import handover, layout
 from ..config import Config
 from ..contract import (
     INCOMPLETE_SENTINEL,
@@ -262,6 +262,13 @@ class CheckpointManager:
         return 0
 
     def _remove_incomplete(self) -> None:
+        # A pod being replaced may still be writing a newer checkpoint (handover.py): rank 0
+        # waits for it before deleting leftovers and listing; the other ranks at the barrier.
+        if isinstance(self.persistent, LocalTier) and self.rank == 0:
+            try:
+                handover.wait_for_saves_in_flight(self.persistent.root)
+            except OSError as e:
+                log.warning("kubeckpt: cannot check for a save in flight: %s", e)
         try:
             if self.persistent is not None and self.rank == 0:
                 self.persistent.remove_incomplete()

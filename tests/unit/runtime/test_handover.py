@@ -1,0 +1,143 @@
+"""A replacement pod's restore and the victim's save in flight (trainer_runtime/handover.py).
+
+The writer here is a thread or a child process of the test standing in for the pod being
+replaced: `layout.begin` (the sentinel, and its heartbeat), files, then `layout.finalize`. The
+replacement is the same sequence every restore runs: wait, remove leftovers, take the newest
+complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer_runtime import handover, layout
+from trainer_runtime.contract import INCOMPLETE_SENTINEL, build_manifest, checkpoint_dir_name
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def commit(root: Path, step: int, *, delay: float = 0.0) -> None:
+    path = layout.begin(root, step)
+    (path / "model.bin").write_bytes(os.urandom(1024))
+    time.sleep(delay)
+    manifest = build_manifest(
+        path, step=step, epoch=0, world_size=1, framework="test", tier="persistent",
+        exclude=(INCOMPLETE_SENTINEL,),
+    )  # fmt: skip
+    layout.finalize(path, manifest)
+
+
+def restore(root: Path) -> int | None:
+    """What every restore does, in this order."""
+    handover.wait_for_saves_in_flight(root, timeout=30)
+    layout.remove_incomplete(root)
+    complete = [e.step for e in layout.scan(root) if e.complete]
+    return max(complete, default=None)
+
+
+def slow_writer(root: Path, step: int, delay: float) -> tuple[threading.Thread, list]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            commit(root, step, delay=delay)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    while not (root / checkpoint_dir_name(step) / INCOMPLETE_SENTINEL).exists():
+        time.sleep(0.01)
+    return t, errors
+
+
+def test_the_replacement_waits_for_the_save_in_flight_and_resumes_at_its_step(
+    tmp_path: Path,
+) -> None:
+    commit(tmp_path, 10)
+    # Longer than STALE_SECONDS: only the heartbeat keeps the writer alive that long.
+    writer, errors = slow_writer(tmp_path, 20, delay=handover.STALE_SECONDS + 2)
+    t0 = time.monotonic()
+    step = restore(tmp_path)
+    waited = time.monotonic() - t0
+    writer.join()
+    assert not errors
+    assert step == 20
+    assert waited >= handover.STALE_SECONDS
+
+
+def test_without_the_wait_the_replacement_resumes_too_early_and_deletes_the_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What restore did before handover.py: it takes the older checkpoint, and its clean-up
+    deletes the one the victim is still writing, whose commit then fails."""
+    monkeypatch.setattr(handover, "wait_for_saves_in_flight", lambda *a, **k: [])
+    commit(tmp_path, 10)
+    writer, errors = slow_writer(tmp_path, 20, delay=1.0)
+    assert restore(tmp_path) == 10
+    writer.join()
+    assert errors, "the victim's commit should have failed: its directory was deleted under it"
+    assert not (tmp_path / checkpoint_dir_name(20)).exists()
+
+
+def test_a_writer_that_died_is_not_waited_for_beyond_the_stale_time(tmp_path: Path) -> None:
+    commit(tmp_path, 10)
+    code = (
+        "import os, sys; from trainer_runtime import layout; "
+        "layout.begin(sys.argv[1], 20); os.kill(os.getpid(), 9)"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, check=False)
+    assert (tmp_path / checkpoint_dir_name(20) / INCOMPLETE_SENTINEL).exists()
+    t0 = time.monotonic()
+    assert restore(tmp_path) == 10
+    assert time.monotonic() - t0 < handover.STALE_SECONDS + 2
+    assert not (tmp_path / checkpoint_dir_name(20)).exists()
+
+
+def test_a_sentinel_untouched_for_long_is_dead_at_once(tmp_path: Path) -> None:
+    commit(tmp_path, 10)
+    path = tmp_path / checkpoint_dir_name(20)
+    path.mkdir()
+    sentinel = path / INCOMPLETE_SENTINEL
+    sentinel.write_text("left by a crash\n")
+    old = time.time() - handover.STALE_AT_ONCE_SECONDS - 5
+    os.utime(sentinel, (old, old))
+    t0 = time.monotonic()
+    assert handover.wait_for_saves_in_flight(tmp_path) == []
+    assert time.monotonic() - t0 < 1
+
+
+def test_the_wait_is_bounded(tmp_path: Path) -> None:
+    commit(tmp_path, 10)
+    hb = handover.start_heartbeat(layout.begin(tmp_path, 20) / INCOMPLETE_SENTINEL)
+    try:
+        t0 = time.monotonic()
+        assert handover.wait_for_saves_in_flight(tmp_path, timeout=1.5) == [20]
+        assert 1.5 <= time.monotonic() - t0 < 3
+    finally:
+        hb.stop()
+
+
+def test_older_incomplete_checkpoints_are_not_waited_for(tmp_path: Path) -> None:
+    """Only a save newer than the newest complete one can change what restore takes."""
+    path = layout.begin(tmp_path, 5)  # beating, but older than checkpoint-10
+    commit(tmp_path, 10)
+    t0 = time.monotonic()
+    assert handover.wait_for_saves_in_flight(tmp_path) == []
+    assert time.monotonic() - t0 < 1
+    assert path.exists()
+
+
+def test_the_bound_is_the_injected_grace() -> None:
+    assert handover.wait_timeout({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}) == 90
+    assert handover.wait_timeout({}) == handover.DEFAULT_WAIT_SECONDS
+    assert handover.wait_timeout({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "x"}) == (
+        handover.DEFAULT_WAIT_SECONDS
+    )
