@@ -59,6 +59,7 @@ from ..fsutil import fsync_dir, fsync_file, remove_tree
 from ..progress_writer import ProgressWriter
 from ..timing import Schedule, StepTimer
 from ..triggers import RequestFile, SignalTrigger
+from .kubeflow import guard_kubeflow_callbacks
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ class KubeckptCallback(TrainerCallback):
         self.comm: Any = None
         self.rank, self.world_size = 0, 1
         self.stopped = False  # a JIT save happened and training was stopped
+        self._hf_trainer: Any = None  # set by kubeckpt_trainer
         self.resumed_from: str | None = None
         self._saving_step: int | None = None
         self._saved_step: int | None = None
@@ -174,6 +176,9 @@ class KubeckptCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         from ..torch.agreement import Collectives
+
+        if self._hf_trainer is not None:  # a KubeflowCallback added after kubeckpt_trainer()
+            guard_kubeflow_callbacks(self._hf_trainer, lambda: self.stopped)
 
         self.comm = Collectives.create()
         self.rank, self.world_size = self.comm.rank, self.comm.world_size
@@ -531,6 +536,8 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
     trainer.add_callback(callback)
     callback.adopt(trainer.args)
     trainer.kubeckpt = callback
+    callback._hf_trainer = trainer
+    guard_kubeflow_callbacks(trainer, lambda: callback.stopped)
     if callback.config.enabled:
         _install_async_save(trainer, callback)
     train = trainer.train
