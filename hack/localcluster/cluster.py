@@ -41,6 +41,7 @@ from .waiting import wait_for
 REPO = Path(__file__).resolve().parents[2]
 OUR_CRDS = REPO / "config" / "crd" / "bases"
 SERVICE_CIDR = "10.96.0.0/16"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
 POD_CIDR = "10.244.0.0/16"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_TAINT = {"key": KWOK_NODE_ANNOTATION, "value": "fake", "effect": "NoSchedule"}
@@ -539,6 +540,14 @@ class LocalCluster:
                 # No kube-proxy: the "kubernetes" Service endpoints would only log errors.
                 "--endpoint-reconciler-type=none",
             ]
+        # With a real node the tokens' issuer is an address the API server is reached at (by
+        # the host and by pods), so that OIDC discovery of it works: Trainer's status server
+        # verifies pods' projected tokens that way. The in-cluster name stays accepted.
+        issuers = [f"--service-account-issuer={ISSUER}"]
+        if self.node is not None:
+            issuers.insert(
+                0, f"--service-account-issuer=https://{NODE_IP}:{self.ports['apiserver']}"
+            )
         return [
             str(self.binaries.kube_apiserver),
             f"--etcd-servers={self.etcd_url}",
@@ -550,8 +559,8 @@ class LocalCluster:
             f"--client-ca-file={d / 'ca.crt'}",
             f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--api-audiences=https://kubernetes.default.svc.cluster.local",
+            *issuers,
+            f"--api-audiences={ISSUER}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             f"--kubelet-client-certificate={d / 'kubelet-client.crt'}",
             f"--kubelet-client-key={d / 'kubelet-client.key'}",

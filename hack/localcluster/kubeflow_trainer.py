@@ -9,9 +9,10 @@ from its module, with the node image our real node has.
 Trainer's status server (feature gate TrainJobStatus) is what `KubeflowCallback` in a pod posts to:
 Trainer injects `https://kubeflow-trainer-controller-manager.kubeflow-system.svc:<port>` into the
 `node` containers. Here that Service has no selector and one endpoint, the node's address, where
-the process listens; the node's INPUT guard admits only loopback and the bridge to that port. Its
-serving certificate path is fixed in Trainer's code (/tmp/k8s-webhook-server/serving-certs), so a
-second cluster with the gate on at the same time would overwrite the first one's certificate.
+the process listens; the node's INPUT guard admits only loopback and the bridge to that port.
+The server reads its certificate and an in-cluster service-account token (whose issuer leads it to
+the keys that verify pods' tokens) at fixed in-pod paths: with the gate on, Trainer runs in a mount
+namespace of its own that has them, leaving the host's paths alone (root only, like the node).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import yaml
 
 from . import pki
 from .images import IMAGES
-from .node import NODE_IP
+from .node import NODE_IP, NodeUnavailable
 from .waiting import wait_for
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ JOBSET_NS = "jobset-system"
 STATUS_GATE = "TrainJobStatus"
 # Fixed in Trainer's pkg/util/cert (the status server's certificate watcher).
 STATUS_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+# Where Trainer's status server reads the in-cluster token (its issuer; /var/run is /run).
+SA_DIR = "/run/secrets/kubernetes.io/serviceaccount"
 RUNTIME = "torch-distributed"
 
 
@@ -245,11 +248,6 @@ class TrainerStack:
             self._wait_ready("jobset", c.ports["jobset_probe"])
         if "trainer" in c.procs:
             c.procs.pop("trainer").stop()
-        self.status_gate = None
-        if status_gate:
-            STATUS_CERT_DIR.mkdir(parents=True, exist_ok=True)
-            for name in ("crt", "key"):
-                shutil.copy(d / f"trainer.{name}", STATUS_CERT_DIR / f"tls.{name}")
         (d / "trainer.yaml").write_text(
             yaml.safe_dump(
                 {
@@ -273,19 +271,51 @@ class TrainerStack:
                 }
             )
         )
-        c._spawn(
-            "trainer",
-            [
-                str(c.binaries.trainer),
-                f"--kubeconfig={c.kubeconfig}",
-                f"--config={d / 'trainer.yaml'}",
-                f"--feature-gates={STATUS_GATE}={str(status_gate).lower()}",
-            ],
-            env={**os.environ, "TMPDIR": str(d / "trainer-tmp")},
-        )
+        argv = [
+            str(c.binaries.trainer),
+            f"--kubeconfig={c.kubeconfig}",
+            f"--config={d / 'trainer.yaml'}",
+            f"--feature-gates={STATUS_GATE}={str(status_gate).lower()}",
+        ]
+        if status_gate:
+            argv = self._in_pod_like_mounts(argv)
+        c._spawn("trainer", argv, env={**os.environ, "TMPDIR": str(d / "trainer-tmp")})
         self._wait_ready("trainer", c.ports["trainer_probe"])
         self._install_runtime()
         self.status_gate = status_gate
+
+    def _in_pod_like_mounts(self, argv: list[str]) -> list[str]:
+        """`argv` in a mount namespace of its own that has what Trainer's status server reads at
+        fixed paths in its pod: a service-account token (its issuer is how the server finds the
+        keys to verify pods' tokens with) and its serving certificate. The host's /run and
+        /tmp/k8s-webhook-server stay untouched. Needs root (only a real node brings the gate)."""
+        c = self.cluster
+        assert c.workdir is not None
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            raise NodeUnavailable(
+                "Trainer's TrainJobStatus gate needs root and unshare (util-linux) here"
+            )
+        d = c.workdir / "trainer"
+        sa = d / "serviceaccount"
+        sa.mkdir(exist_ok=True)
+        c.kubectl("create", "serviceaccount", TRAINER_SERVICE, "-n", TRAINER_NS, check=False)
+        token = c.kubectl(
+            "create", "token", TRAINER_SERVICE, "-n", TRAINER_NS, "--duration=24h"
+        ).stdout.strip()
+        (sa / "token").write_text(token)
+        (sa / "namespace").write_text(TRAINER_NS)
+        certs = d / "status-certs"
+        certs.mkdir(exist_ok=True)
+        for name in ("crt", "key"):
+            shutil.copy(d / f"trainer.{name}", certs / f"tls.{name}")
+        STATUS_CERT_DIR.mkdir(parents=True, exist_ok=True)  # the mount point, on the host
+        script = (
+            "set -e; mount -t tmpfs -o size=1m tmpfs /run; "
+            f"mkdir -p {SA_DIR}; cp {sa}/token {sa}/namespace {SA_DIR}/; "
+            f"mount --bind {certs} {STATUS_CERT_DIR}; "
+            'exec "$@"'
+        )
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
 
     def _wait_ready(self, name: str, port: int) -> None:
         url = f"http://127.0.0.1:{port}/readyz"

@@ -96,6 +96,23 @@ TRAINJOB_CRD = {
 }
 
 
+@pytest.fixture(autouse=True)
+def no_trainer(cluster: LocalCluster) -> None:
+    """These tests install a TrainJob CRD of their own, and the first one needs none installed:
+    Kubeflow Trainer (started by the real-node tests) goes, with its CRD."""
+    cluster.stop_trainer()
+    cluster.kubectl(
+        "delete",
+        "crd",
+        "trainjobs.trainer.kubeflow.org",
+        "--ignore-not-found",
+        "--wait=true",
+        "--timeout=60s",
+        check=False,
+        timeout=90,
+    )
+
+
 @pytest.fixture
 async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
     c = Client(admin_config(cluster))
@@ -105,7 +122,9 @@ async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
         await c.close()
 
 
-def trainjob_with_pod(cluster: LocalCluster, ns: str, name: str, first: bytes):
+def trainjob_with_pod(
+    cluster: LocalCluster, ns: str, name: str, first: bytes, env: tuple[dict, ...] = ()
+):
     cluster.apply(
         {
             "apiVersion": "trainer.kubeflow.org/v1alpha1",
@@ -137,7 +156,8 @@ def trainjob_with_pod(cluster: LocalCluster, ns: str, name: str, first: bytes):
                         "name": "node",
                         "image": "busybox",
                         "env": [
-                            {"name": "TRAINING_PROGRESS_FILE", "value": str(d / "progress.json")}
+                            {"name": "TRAINING_PROGRESS_FILE", "value": str(d / "progress.json")},
+                            *env,
                         ],
                     }
                 ]
@@ -167,6 +187,10 @@ async def test_trainjob_noticed_later_and_trainer_status(
             )
             path = trainjob_with_pod(cluster, ns, "tj", progress(10, percentComplete="10.0"))
             theirs = trainjob_with_pod(cluster, ns, "owned", progress(3))
+            # Trainer's TrainJobStatus gate on: it injected its status server's URL, so its own
+            # status server (KubeflowCallback in the pod) writes trainerStatus, not us.
+            server = {"name": "KUBEFLOW_TRAINER_SERVER_URL", "value": "https://trainer:10443/x"}
+            trainjob_with_pod(cluster, ns, "gated", progress(5), env=(server,))
             # Someone else (Trainer itself) owns owned's trainerStatus.
             cluster.kubectl(
                 "apply",
@@ -222,6 +246,13 @@ async def test_trainjob_noticed_later_and_trainer_status(
                 if f.get("subresource") == "status"
             }
             assert managers == {"trainer"}
+
+            async def gated_tp() -> bool:
+                tp = await get_tp(client, ns, "gated")
+                return bool(tp) and (tp.get("status") or {}).get("step") == 5
+
+            await eventually(gated_tp, "gated's TrainingProgress", 30)
+            assert "trainerStatus" not in (trainjob(cluster, ns, "gated").get("status") or {})
     finally:
         cluster.kubectl(
             "delete", "crd", "trainjobs.trainer.kubeflow.org", "--wait=false", check=False
