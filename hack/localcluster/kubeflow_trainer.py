@@ -291,6 +291,11 @@ class TrainerStack:
         /tmp/k8s-webhook-server stay untouched. Needs root (only a real node brings the gate)."""
         c = self.cluster
         assert c.workdir is not None
+        if c.node is None:
+            raise NodeUnavailable(
+                "Trainer's TrainJobStatus gate needs the real node (its status server is reached "
+                "by pods, and verifies their tokens against the API server's node-address issuer)"
+            )
         if os.geteuid() != 0 or shutil.which("unshare") is None:
             raise NodeUnavailable(
                 "Trainer's TrainJobStatus gate needs root and unshare (util-linux) here"

@@ -315,7 +315,7 @@ def test_trainjob_injected_preempted_by_suspend_resumed_exactly(
     ns, job, ref = node_ns, "tiny", "tiny-reference"
     volume = tmp_path / "volume"
     prepare(cluster, ns, volume, [job, ref], save_steps=50)
-    env = [{"name": "LEARNING_RATE", "value": "3e-3"}]  # as the seeds' trainer env
+    env = [{"name": "LEARNING_RATE", "value": "0.003"}]  # as the seeds' trainer env
     cmd = torch_command(300, 0.1)
     cluster.apply([trainjob(n, ns, cmd, nodes=2, env=env) for n in (job, ref)])
 
