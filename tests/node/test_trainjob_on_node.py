@@ -420,11 +420,14 @@ def test_hf_train_func_trainjob_preempted_by_pod_deletion(
     cluster: LocalCluster, addon: None, node_ns: str, tmp_path: Path, gate: bool
 ) -> None:
     cluster.start_trainer(status_gate=gate)
-    ns, job = node_ns, "hf-jit"
+    ns, job, ref = node_ns, "hf-jit", "hf-reference"
     volume = tmp_path / "volume"
-    prepare(cluster, ns, volume, [job], save_steps=1000)  # the Trainer's own save_steps decide
+    # The Trainer's own save_steps decide periodic saves here. With the gate off, an
+    # uninterrupted copy runs beside it, to compare the final parameters with.
+    jobs = [job] if gate else [job, ref]
+    prepare(cluster, ns, volume, jobs, save_steps=1000)
     cmd = "torchrun /scripts/hf_train_func.py --steps=80 --save-steps=20 --sleep=0.25"
-    cluster.apply(trainjob(job, ns, cmd, nodes=2))
+    cluster.apply([trainjob(n, ns, cmd, nodes=2) for n in jobs])
     first = wait_rank(cluster, ns, job, 0, 240)
     node = next(c for c in first["spec"]["containers"] if c["name"] == "node")
     has_server = any(e["name"] == "KUBEFLOW_TRAINER_SERVER_URL" for e in node["env"])
@@ -450,7 +453,15 @@ def test_hf_train_func_trainjob_preempted_by_pod_deletion(
         "a resumed run",
         300,
     )
-    wait_for(lambda: complete(cluster, ns, job), "the TrainJob Complete", 300)
+    wait_for(lambda: all(complete(cluster, ns, n) for n in jobs), "the TrainJobs Complete", 300)
+    if not gate:
+        digest, ref_digest = (
+            sha256_of(job_logs(cluster, ns, job)),
+            sha256_of(job_logs(cluster, ns, ref)),
+        )
+        assert digest and digest == ref_digest, (
+            "final parameters differ from the uninterrupted run's"
+        )
     step = int(resumed.group(1))
     ckpts = checkpoints(volume, ns, job)
     assert step % 20 != 0, f"resumed from a periodic checkpoint {step}, not the JIT one ({ckpts})"
