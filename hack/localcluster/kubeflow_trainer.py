@@ -21,6 +21,7 @@ import base64
 import json
 import os
 import shutil
+import time
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -228,6 +229,7 @@ class TrainerStack:
         c = self.cluster
         if self.status_gate == status_gate and c.procs["trainer"].alive():
             return
+        t0 = time.monotonic()
         if not self._prepared:
             self._prepare()
         if self.status_gate is None:
@@ -283,6 +285,7 @@ class TrainerStack:
         self._wait_ready("trainer", c.ports["trainer_probe"])
         self._install_runtime()
         self.status_gate = status_gate
+        c.timings["trainer_start"] = time.monotonic() - t0
 
     def _in_pod_like_mounts(self, argv: list[str]) -> list[str]:
         """`argv` in a mount namespace of its own that has what Trainer's status server reads at
