@@ -47,6 +47,11 @@ def test_identity_from_the_operators_labels() -> None:
     # Another operator's job with the training-operator's labels is not a PyTorchJob.
     tf = {"training.kubeflow.org/job-name": "j", "training.kubeflow.org/operator-name": "tf"}
     assert job_identity(tf) is None
+    # A TrainJob's initializer pods download and do not train: not a training pod.
+    init = {**TJ_RANK0, "jobset.sigs.k8s.io/replicatedjob-name": "dataset-initializer"}
+    assert job_identity(init) is None
+    node = {**TJ_RANK0, "jobset.sigs.k8s.io/replicatedjob-name": "node"}
+    assert job_identity(node) is not None
 
 
 @pytest.mark.parametrize(

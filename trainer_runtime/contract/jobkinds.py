@@ -23,6 +23,7 @@ PYTORCHJOB_REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 PYTORCHJOB_REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+JOBSET_REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 LabelSet = tuple[tuple[str, str], ...]
@@ -53,8 +54,9 @@ class JobKind:
     # status.trainerStatus, where its CRD has it). A PyTorchJob's CRD prunes unknown fields and
     # its operator replaces the whole status.
     progress_status_field: str | None = None
-    # A label that, when present, must have this value (another operator using the same labels).
-    operator_label: tuple[str, str] | None = None
+    # Labels that, when present, must have these values: another operator's pods with the same
+    # name label (a TFJob's), or a job's pods that do not train (a TrainJob's initializers).
+    must_match: tuple[tuple[str, str], ...] = ()
 
     @property
     def api_version(self) -> str:
@@ -65,8 +67,7 @@ class JobKind:
         name = labels.get(self.name_label)
         if not name:
             return None
-        if self.operator_label is not None:
-            key, value = self.operator_label
+        for key, value in self.must_match:
             if labels.get(key, value) != value:
                 return None
         return name
@@ -91,7 +92,7 @@ PYTORCHJOB = JobKind(
     target_container="pytorch",
     suspend_field=("spec", "runPolicy", "suspend"),
     replaces_terminating_pods=False,
-    operator_label=(PYTORCHJOB_OPERATOR_LABEL, "pytorchjob-controller"),
+    must_match=((PYTORCHJOB_OPERATOR_LABEL, "pytorchjob-controller"),),
 )
 
 TRAINJOB = JobKind(
@@ -106,6 +107,9 @@ TRAINJOB = JobKind(
     suspend_field=("spec", "suspend"),
     replaces_terminating_pods=True,
     progress_status_field="trainerStatus",
+    # The trainer step's replicated job; "dataset-initializer" and "model-initializer" pods only
+    # download, and get nothing injected.
+    must_match=((JOBSET_REPLICATED_JOB_LABEL, "node"),),
 )
 
 # In the order a pod is matched: a PyTorchJob's labels first.
