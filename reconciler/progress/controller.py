@@ -281,7 +281,8 @@ class ProgressController:
             return None  # the TrainingProgress goes with the job (ownerReference)
         pods = self.pods.store.by_index(JOB_INDEX, key)
         missed = self._not_injected(key)
-        if not pods and not missed:
+        suspended = d.suspended(job, kind)
+        if not pods and not missed and not (suspended and self.tps.store.get(key) is not None):
             return None  # not an injected job (yet): pod events bring it back
         tp = await self._ensure_tp(key, job, kind)
         if tp is None:
@@ -298,7 +299,7 @@ class ProgressController:
         frequency = d.DEFAULT_UPDATE_FREQUENCY
         if pod is None or container is None:
             obs = Observation(outcome=outcome)
-            if outcome is None and not prev_status.get("observedPod"):
+            if outcome is None and not suspended and not prev_status.get("observedPod"):
                 obs.error_reason = "NoRank0Pod"
                 obs.error_message = "no injected rank-0 (master) pod found for the job"
         else:
@@ -343,6 +344,7 @@ class ProgressController:
         if running:
             obs.stall_after = stall_after(self.settings, period)
         obs.not_injected = missed
+        obs.suspended = suspended
         decision = decide(prev_status, obs, datetime.now(UTC))
         if hold:
             self.stats["skipped_writes"] += 1

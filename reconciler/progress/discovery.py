@@ -132,3 +132,11 @@ def job_outcome(job: KubeObject) -> str | None:
         if c.get("status") == "True" and c.get("type") == "Failed":
             return "Failed"
     return None
+
+
+def suspended(job: KubeObject, kind: JobKind) -> bool:
+    """Whether the job's suspend field (its kind's, e.g. spec.suspend) is true."""
+    value: Any = job
+    for key in kind.suspend_field:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value is True

@@ -144,6 +144,8 @@ class Observation:
     new_pod: bool = False  # a pod other than the one last read, even if it has the same name
     # Pods that should have been injected and were not (None: not known, leave the condition).
     not_injected: list[str] | None = None
+    # The job is suspended (its kind's suspend field: Kueue preempts that way), not finished.
+    suspended: bool = False
 
 
 @dataclass(frozen=True)
@@ -306,6 +308,14 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
                 events.append(Event("Warning", "Stalled", msg))
         elif condition(conds, STALLED) is None:
             conds = set_condition(conds, STALLED, "False", "StepAdvanced", "steps advance", now)
+
+    if obs.suspended and obs.outcome is None:
+        latest = (status.get("checkpointing") or {}).get("latestCheckpoint")
+        then = f"; it resumes from {latest} when unsuspended" if latest else ""
+        msg = f"the job is suspended at step {status.get('step', 0)}{then}"
+        conds = set_condition(conds, PROGRESSING, "False", "Suspended", msg, now)
+        if (c := condition(conds, STALLED)) is not None and c.get("status") == "True":
+            conds = set_condition(conds, STALLED, "False", "Suspended", msg, now)
 
     if obs.outcome == "Succeeded":
         old = condition(conds, COMPLETED)

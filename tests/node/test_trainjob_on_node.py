@@ -385,6 +385,14 @@ def test_trainjob_injected_preempted_by_suspend_resumed_exactly(
     assert st["checkpointing"]["latestCheckpoint"].endswith(f"checkpoint-{saved}")
     assert "JITCheckpoint" in events(cluster, ns, job)
 
+    def suspended() -> dict | None:
+        conds = tp_status(cluster, ns, job).get("conditions") or []
+        c = next((c for c in conds if c["type"] == "Progressing"), None)
+        return c if c and c["status"] == "False" and c["reason"] == "Suspended" else None
+
+    cond = wait_for(suspended, "the TrainingProgress to say Suspended", 60)
+    assert f"checkpoint-{saved}" in cond["message"], cond
+
     t_resume = patch_suspend(cluster, ns, job, False)
     resumed_pattern = rf"resumed from checkpoint-{saved} at step {saved}\b"
     second = wait_rank(cluster, ns, job, 0, 240)

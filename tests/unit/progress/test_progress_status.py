@@ -223,3 +223,24 @@ def test_checkpoint_event_names_the_checkpoints_own_step() -> None:
     assert [e.message for e in d.events] == [
         "checkpoint on shutdown at step 180 or before: s3://b/odd-name"
     ]
+
+
+def test_suspended_then_resumed() -> None:
+    """Suspension (Kueue's preemption) is neither a failure nor a stall, and says where the job
+    will resume; the resumed run's record makes it Progressing again."""
+    ck = {"enabled": True, "latestCheckpoint": "/c/checkpoint-42", "latestCheckpointReason": "jit"}
+    running = decide({}, Observation(pod="p", record=rec(step=42, checkpointing=ck)), NOW).status
+    stalled = set_condition(running["conditions"], "Stalled", "True", "NoStepAdvance", "x", NOW)
+    gone = decide({**running, "conditions": stalled}, Observation(suspended=True), NOW)
+    p = cond(gone.status, "Progressing")
+    assert (p["status"], p["reason"]) == ("False", "Suspended")
+    assert "step 42" in p["message"] and "/c/checkpoint-42" in p["message"]
+    assert cond(gone.status, "Stalled")["status"] == "False"
+    assert gone.status["step"] == 42 and not gone.events
+    back = decide(
+        gone.status,
+        Observation(pod="p2", record=rec(step=43, resumedFrom="checkpoint-42"), new_pod=True),
+        NOW,
+    )
+    p = cond(back.status, "Progressing")
+    assert (p["status"], p["reason"]) == ("True", "Resumed")
