@@ -60,6 +60,9 @@ def owner_record() -> str:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "since": time.time(),
+                # How long a replacement may wait for this writer: its own grace, which may be
+                # longer than the replacement's (the webhook sizes each pod's at its creation).
+                "graceSeconds": wait_timeout(),
             }
         )
         + "\n"
@@ -128,6 +131,15 @@ def _pending(root: Path) -> dict[int, Path]:
     }
 
 
+def _writer_grace(path: Path) -> float:
+    try:
+        record = json.loads((path / INCOMPLETE_SENTINEL).read_text()[:4096])
+        grace = float(record.get("graceSeconds", 0))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0.0
+    return min(max(grace, 0.0), 3600.0)
+
+
 def _mtime_ns(path: Path) -> int | None:
     try:
         return os.stat(path / INCOMPLETE_SENTINEL).st_mtime_ns
@@ -147,6 +159,7 @@ def wait_for_saves_in_flight(
     by a live writer (see the module docstring); returns the steps that were live when it began.
     """
     root = Path(root)
+    extend = timeout is None  # the writers' own grace may lengthen the default bound
     timeout = wait_timeout() if timeout is None else timeout
     start = clock()
     watches: dict[int, _Watch] = {}
@@ -167,6 +180,8 @@ def wait_for_saves_in_flight(
                 w.mtime_ns, w.last_change = mtime, now
             if mtime is not None and now - w.last_change < STALE_SECONDS:
                 live.append(step)
+                if extend and step not in waited:
+                    timeout = max(timeout, _writer_grace(path))
         if not live:
             if announced:
                 log.info("kubeckpt: no save in flight any more under %s", root)
