@@ -78,6 +78,7 @@ class TrainerStack:
         self.cluster = cluster
         self.status_gate: bool | None = None
         self._prepared = False
+        self._webhooks: list[tuple[str, str]] = []
 
     @property
     def started(self) -> bool:
@@ -165,6 +166,7 @@ class TrainerStack:
             first = h["webhooks"][0]["name"]
             if first.endswith(".kb.io"):
                 h["metadata"]["name"] = "jobset-" + h["metadata"]["name"]
+        self._webhooks = [(h["kind"], h["metadata"]["name"]) for h in hooks]
         c.apply(
             [
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
@@ -360,7 +362,12 @@ class TrainerStack:
         wait_for(applied, f"the {RUNTIME} ClusterTrainingRuntime", timeout=30)
 
     def stop(self) -> None:
+        """Stop both, and remove their webhook configurations (failurePolicy Fail: left behind,
+        they would refuse every TrainJob and JobSet); the next start applies them again."""
         for name in ("trainer", "jobset"):
             if name in self.cluster.procs:
                 self.cluster.procs.pop(name).stop()
+        for kind, name in self._webhooks:
+            self.cluster.kubectl("delete", kind, name, "--ignore-not-found", check=False)
+        self._webhooks = []
         self.status_gate = None

@@ -100,6 +100,10 @@ TRAINJOB_CRD = {
 def no_trainer(cluster: LocalCluster) -> None:
     """These tests install a TrainJob CRD of their own, and the first one needs none installed:
     Kubeflow Trainer (started by the real-node tests) goes, with its CRD."""
+    if cluster.trainer.started:  # its TrainJobs' finalizers need Trainer to go
+        cluster.kubectl(
+            "delete", "trainjobs", "-A", "--all", "--timeout=60s", check=False, timeout=90
+        )
     cluster.stop_trainer()
     cluster.kubectl(
         "delete",
