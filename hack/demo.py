@@ -156,26 +156,27 @@ def demo_policy(save_steps: int) -> dict:
     return policy
 
 
-def storage_objects(storage: Path) -> list[dict]:
-    """A local PersistentVolume on the node (a directory of this host) and its claim."""
+def storage_objects(storage: Path, namespace: str = NAMESPACE) -> list[dict]:
+    """A local PersistentVolume on the node (a directory of this host) and its claim in
+    `namespace` (the tests use their own)."""
     return [
         {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
-            "metadata": {"name": f"{NAMESPACE}-checkpoints"},
+            "metadata": {"name": f"{namespace}-checkpoints"},
             "spec": {
                 "capacity": {"storage": "1Gi"},
                 "accessModes": ["ReadWriteMany"],
                 "persistentVolumeReclaimPolicy": "Retain",
                 "storageClassName": "local",
-                "claimRef": {"namespace": NAMESPACE, "name": "checkpoints"},
+                "claimRef": {"namespace": namespace, "name": "checkpoints"},
                 "hostPath": {"path": str(storage), "type": "Directory"},
             },
         },
         {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "checkpoints", "namespace": NAMESPACE},
+            "metadata": {"name": "checkpoints", "namespace": namespace},
             "spec": {
                 "accessModes": ["ReadWriteMany"],
                 "storageClassName": "local",

@@ -34,13 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .contract import (
-    INCOMPLETE_SENTINEL,
-    TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
-    checkpoint_dir_name,
-    parse_checkpoint_dir_name,
-)
-from .contract.manifest import is_complete
+# layout imports this module too (its `begin` starts the heartbeat); both only use the other's
+# attributes at call time, so the cycle is harmless.
+from . import layout
+from .contract import INCOMPLETE_SENTINEL, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, checkpoint_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -116,18 +113,12 @@ class _Watch:
 
 def _pending(root: Path) -> dict[int, Path]:
     """Incomplete checkpoints newer than the newest complete one."""
-    steps: dict[int, bool] = {}
-    try:
-        entries = list(os.scandir(root))
-    except FileNotFoundError:
-        return {}
-    for entry in entries:
-        step = parse_checkpoint_dir_name(entry.name)
-        if step is not None and entry.is_dir(follow_symlinks=False):
-            steps[step] = is_complete(entry.path)
-    newest = max((s for s, done in steps.items() if done), default=-1)
+    entries = layout.scan(root)
+    newest = max((e.step for e in entries if e.complete), default=-1)
     return {
-        s: root / checkpoint_dir_name(s) for s, done in steps.items() if not done and s > newest
+        e.step: root / checkpoint_dir_name(e.step)
+        for e in entries
+        if not e.complete and e.step > newest
     }
 
 

@@ -10,7 +10,6 @@ Events once each and the final status read from the termination message."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from localcluster import addon as kubeckpt_addon
 from localcluster.images import IMAGES
 from localcluster.node import NODE_NAME, RealNode
 from localcluster.pods import running, wait_pod
+from tests.support.node_pods import load_demo
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_NS = kubeckpt_addon.SYSTEM_NS
@@ -71,14 +71,6 @@ def test_install_runs_for_real(cluster: LocalCluster, addon: None) -> None:
     )
     # The identity is "<pod>_<uuid>" (one per process start).
     assert lease["spec"]["holderIdentity"].split("_")[0] in {p["metadata"]["name"] for p in pods}
-
-
-def load_demo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kubeckpt_demo", REPO / "hack" / "demo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_demo_scenario_preempts_and_resumes_exactly(
@@ -145,14 +137,7 @@ def test_full_ramdisk_tier_fails_the_save_clearly_and_training_goes_on(
     (storage / "runs" / ns / RAM_JOB).mkdir(parents=True)
     for p in (storage, storage / "runs", storage / "runs" / ns, storage / "runs" / ns / RAM_JOB):
         p.chmod(0o777)
-    objects = demo.storage_objects(storage)
-    for o in objects:
-        o["metadata"]["name"] = o["metadata"]["name"].replace(demo.NAMESPACE, ns)
-        if o["kind"] == "PersistentVolume":
-            o["spec"]["claimRef"]["namespace"] = ns
-        else:
-            o["metadata"]["namespace"] = ns
-    cluster.apply(objects)
+    cluster.apply(demo.storage_objects(storage, ns))
     _job_inputs(cluster, ns)
     policy = demo.demo_policy(save_steps=100000)  # the persistent tier stays out of the way
     policy["spec"]["localTier"] = {"enabled": True, "sizeLimit": "8Mi", "periodSteps": 20}
@@ -360,14 +345,7 @@ def test_zero_code_hf_job_preempted_and_resumed(
     job_dir.mkdir(parents=True)
     for p in (storage, storage / "runs", job_dir.parent, job_dir):
         p.chmod(0o777)
-    objects = demo.storage_objects(storage)
-    for o in objects:
-        o["metadata"]["name"] = o["metadata"]["name"].replace(demo.NAMESPACE, ns)
-        if o["kind"] == "PersistentVolume":
-            o["spec"]["claimRef"]["namespace"] = ns
-        else:
-            o["metadata"]["namespace"] = ns
-    cluster.apply(objects)
+    cluster.apply(demo.storage_objects(storage, ns))
     cluster.kubectl(
         "create",
         "configmap",

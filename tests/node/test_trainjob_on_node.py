@@ -33,6 +33,7 @@ from localcluster import addon as kubeckpt_addon
 from localcluster.kubeflow_trainer import RUNTIME
 from localcluster.node import RealNode
 from localcluster.pods import pod_problem, running
+from tests.support.node_pods import load_demo
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "node" / "scripts"
@@ -63,29 +64,7 @@ def prepare(cluster: LocalCluster, ns: str, volume: Path, jobs: list[str], save_
         p.chmod(0o777)  # the training image runs as uid 1000
     cluster.apply(
         [
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolume",
-                "metadata": {"name": f"{ns}-checkpoints"},
-                "spec": {
-                    "capacity": {"storage": "1Gi"},
-                    "accessModes": ["ReadWriteMany"],
-                    "persistentVolumeReclaimPolicy": "Delete",
-                    "storageClassName": "local",
-                    "claimRef": {"namespace": ns, "name": "checkpoints"},
-                    "hostPath": {"path": str(volume), "type": "Directory"},
-                },
-            },
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "checkpoints", "namespace": ns},
-                "spec": {
-                    "accessModes": ["ReadWriteMany"],
-                    "storageClassName": "local",
-                    "resources": {"requests": {"storage": "1Gi"}},
-                },
-            },
+            *load_demo().storage_objects(volume, ns),
             {
                 "apiVersion": "kubeckpt.io/v1alpha1",
                 "kind": "CheckpointPolicy",
@@ -572,12 +551,7 @@ def test_pytorchjob_replacement_comes_after_the_victim(
 ) -> None:
     """A PyTorchJob's replacement pod has the victim's name, so the operator can only create it
     once the victim is gone: its save is committed by then, with or without the handover."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("kubeckpt_demo", REPO / "hack" / "demo.py")
-    assert spec is not None and spec.loader is not None
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    demo = load_demo()
     ns, job = node_ns, "pt-handover"
     volume = tmp_path / "volume"
     prepare(cluster, ns, volume, [job], save_steps=30)

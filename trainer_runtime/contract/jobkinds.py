@@ -2,12 +2,12 @@
 
 What a job kind is, for every part of kubeckpt: the labels its operator puts on the pods (which
 job a pod belongs to, which pod is rank 0), the container that trains, the job's API resource, how
-it is suspended, whether its operator replaces a pod while the old one is still terminating, and
-whether its status has a field we may write. The webhook (`job_identity`), the progress controller
-(informers, rank-0 pod, target container, TrainingProgress owner) and the runtime (validating
-KUBECKPT_JOB_KIND) read this table, as kubebuilder's `groupversion_info.go` and
-controller-runtime's builder declare a kind once. Adding a kind means one entry here plus its RBAC
-in config/rbac (tests/unit/test_jobkinds.py checks the role against this table).
+it is suspended, and whether its status has a field we may write. The webhook (`job_identity`),
+the progress controller (informers, rank-0 pod, target container, TrainingProgress owner,
+suspension) and the runtime (validating KUBECKPT_JOB_KIND) read this table, as kubebuilder's
+`groupversion_info.go` and controller-runtime's builder declare a kind once. Adding a kind means
+one entry here plus its RBAC in config/rbac (tests/unit/test_jobkinds.py checks the role against
+this table).
 """
 
 from __future__ import annotations
@@ -46,10 +46,6 @@ class JobKind:
     target_container: str
     # Where `true` suspends the job (its operator then deletes the pods, gracefully).
     suspend_field: tuple[str, ...]
-    # Whether the operator creates a replacement pod while the old one is still terminating (a
-    # Job does, unless podReplacementPolicy is Failed; a PyTorchJob's replacement has the old
-    # pod's name, so it cannot exist before the old one is gone).
-    replaces_terminating_pods: bool
     # Whether the job's own status has a field for progress that we may write (TrainJob's
     # status.trainerStatus, where its CRD has it). A PyTorchJob's CRD prunes unknown fields and
     # its operator replaces the whole status.
@@ -91,7 +87,6 @@ PYTORCHJOB = JobKind(
     ),
     target_container="pytorch",
     suspend_field=("spec", "runPolicy", "suspend"),
-    replaces_terminating_pods=False,
     must_match=((PYTORCHJOB_OPERATOR_LABEL, "pytorchjob-controller"),),
 )
 
@@ -105,7 +100,6 @@ TRAINJOB = JobKind(
     rank0=(((JOBSET_JOB_INDEX_LABEL, "0"), (COMPLETION_INDEX_LABEL, "0")),),
     target_container="node",
     suspend_field=("spec", "suspend"),
-    replaces_terminating_pods=True,
     progress_status_field="trainerStatus",
     # The trainer step's replicated job; "dataset-initializer" and "model-initializer" pods only
     # download, and get nothing injected.

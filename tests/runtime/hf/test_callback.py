@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kubeckpt_env import kubeckpt_env as _env
 from tiny_hf import TokenDataset, tiny_gpt2
 from transformers import (
     Trainer,
@@ -46,21 +47,6 @@ def _args(out: Path, **kw) -> TrainingArguments:
     )
     base.update(kw)
     return TrainingArguments(**base)
-
-
-def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = {
-        "CHECKPOINT_ENABLED": "true",
-        "CHECKPOINT_URI": str(tmp / "ckpt"),
-        "TRAINING_PROGRESS_FILE": str(tmp / "progress.json"),
-        "CHECKPOINT_CONTROL_DIR": str(tmp / "run"),
-        "KUBECKPT_TERMINATION_LOG": str(tmp / "termination-log"),
-        "PROGRESS_UPDATE_FREQUENCY": "1",
-        "CHECKPOINT_STRATEGY": "steps",
-        "CHECKPOINT_SAVE_STEPS": "4",
-    }
-    env.update(extra)
-    return env
 
 
 def _trainer(tmp: Path, callbacks=(), **args_kw) -> Trainer:

@@ -6,12 +6,14 @@ what KubeflowCallback posts, as Trainer's would receive it."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from kubeckpt_env import kubeckpt_env
 from tiny_hf import TokenDataset, tiny_gpt2
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -20,6 +22,17 @@ from trainer_runtime.config import Config
 from trainer_runtime.hf import kubeckpt_trainer
 
 STEPS = 10
+
+
+@pytest.fixture(autouse=True)
+def sigterm_handler_restored() -> Iterator[None]:
+    """A JIT stop leaves kubeckpt's logging SIGTERM handler installed (by design, for the
+    kubelet's later SIGTERM): the next test gets the process's own back."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class Posts:
@@ -75,18 +88,7 @@ class _RequestAt(TrainerCallback):
 
 
 def _trainer(tmp: Path, report_to: str | list[str]) -> Trainer:
-    config = Config.from_env(
-        {
-            "CHECKPOINT_ENABLED": "true",
-            "CHECKPOINT_URI": str(tmp / "ckpt"),
-            "TRAINING_PROGRESS_FILE": str(tmp / "progress.json"),
-            "CHECKPOINT_CONTROL_DIR": str(tmp / "run"),
-            "KUBECKPT_TERMINATION_LOG": str(tmp / "termination-log"),
-            "PROGRESS_UPDATE_FREQUENCY": "1",
-            "CHECKPOINT_STRATEGY": "steps",
-            "CHECKPOINT_SAVE_STEPS": "100",
-        }
-    )
+    config = Config.from_env(kubeckpt_env(tmp, CHECKPOINT_SAVE_STEPS="100"))
     args = TrainingArguments(
         output_dir=str(tmp / "out"),
         max_steps=STEPS,

@@ -141,3 +141,20 @@ def test_the_bound_is_the_injected_grace() -> None:
     assert handover.wait_timeout({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "x"}) == (
         handover.DEFAULT_WAIT_SECONDS
     )
+
+
+def test_the_writers_own_grace_lengthens_the_default_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The victim's grace was sized when it was created and may be longer than the
+    replacement's: the sentinel carries it, and the default bound is the longer of the two."""
+    commit(tmp_path, 10)
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "3")  # the writer's
+    hb = handover.start_heartbeat(layout.begin(tmp_path, 20) / INCOMPLETE_SENTINEL)
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "1")  # the reader's own
+    try:
+        t0 = time.monotonic()
+        assert handover.wait_for_saves_in_flight(tmp_path) == [20]
+        assert 3 <= time.monotonic() - t0 < 5
+    finally:
+        hb.stop()
