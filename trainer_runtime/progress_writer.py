@@ -14,6 +14,7 @@ from typing import Any
 
 from .contract import (
     LATEST_CHECKPOINT_REASON,
+    MAX_ERROR_LENGTH,
     REASON_JIT,
     REASON_PERIODIC,
     REASON_RESUME,
@@ -91,6 +92,18 @@ class ProgressWriter:
         if stall_seconds is not None:
             c.last_stall_seconds = format_decimal(max(0.0, stall_seconds), 4)
         c.extra[LATEST_CHECKPOINT_REASON] = reason
+
+    def local_checkpoint_saved(self, location: str) -> None:
+        c = self.checkpointing
+        c.latest_local_checkpoint = location
+        c.local_checkpoints_created = (c.local_checkpoints_created or 0) + 1
+
+    def checkpoint_failed(self, step: int, error: str) -> None:
+        """A save (or a stop's save) that did not happen, and why, for `kubectl describe`."""
+        c = self.checkpointing
+        c.failed_saves = (c.failed_saves or 0) + 1
+        c.last_failed_step = max(0, step)
+        c.last_error = error[:MAX_ERROR_LENGTH]
 
     def checkpoint_was_jit(self) -> None:
         """The latest checkpoint is also the just-in-time one (a stop at a step already saved)."""

@@ -69,7 +69,7 @@ def test_enospc_during_save(tmp_path: Path, small_volume: Path) -> None:
     assert progress.checkpointing is not None
     assert progress.checkpointing.checkpoints_created == 1
     assert progress.checkpointing.latest_checkpoint == str(small_volume / "checkpoint-5")
-    assert "No space left" in progress.checkpointing.extra["lastError"]
+    assert "No space left" in progress.checkpointing.last_error
     # The first checkpoint is intact; the failed ones left nothing behind.
     assert [(e.step, e.complete) for e in layout.scan(small_volume)] == [(5, True)]
     assert [p.name for p in small_volume.iterdir()] == ["checkpoint-5"]

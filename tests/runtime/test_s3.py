@@ -8,12 +8,11 @@ from __future__ import annotations
 import os
 import random
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
 from harness import (
+    BUCKET,
     STEPS,
     assert_same_files,
     ckpt_env,
@@ -27,45 +26,7 @@ from harness import (
 )
 from train_job import train
 
-from localcluster import free_port
 from trainer_runtime.contract import INCOMPLETE_SENTINEL, MANIFEST_FILE, Manifest
-
-BUCKET = "kubeckpt-test"
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    try:
-        from moto.server import ThreadedMotoServer
-    except ImportError as e:
-        pytest.fail(f"needs moto's server mode: pip install 'moto[server]' ({e})", pytrace=False)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, dict]]:
-    """An s3fs filesystem on the local server, a fresh bucket, and the variables that reach it."""
-    aws = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": s3_endpoint,
-    }
-    for key, value in aws.items():
-        monkeypatch.setenv(key, value)
-    from trainer_runtime.storage import _s3_filesystem
-
-    fs = _s3_filesystem()
-    if fs.exists(BUCKET):
-        fs.rm(BUCKET, recursive=True)
-    fs.mkdir(BUCKET)
-    yield fs, aws
 
 
 def _objects(fs: object, prefix: str) -> list[str]:

@@ -64,6 +64,7 @@ from .manifest import (
 )
 from .progress import (
     LATEST_CHECKPOINT_REASON,
+    MAX_ERROR_LENGTH,
     MAX_PROGRESS_BYTES,
     MAX_STRING_LENGTH,
     REASON_JIT,
@@ -112,6 +113,7 @@ __all__ = [
     "KUBECKPT_NAMESPACE",
     "LATEST_CHECKPOINT_REASON",
     "MANIFEST_FILE",
+    "MAX_ERROR_LENGTH",
     "MAX_MANIFEST_BYTES",
     "MAX_PROGRESS_BYTES",
     "MAX_STRING_LENGTH",

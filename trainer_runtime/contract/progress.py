@@ -55,7 +55,17 @@ _CHECKPOINTING_FIELDS: Final = (
     ("latestCheckpointTime", "latest_checkpoint_time", _TIME),
     ("lastSaveSeconds", "last_save_seconds", _NN_DECIMAL),
     ("lastStallSeconds", "last_stall_seconds", _NN_DECIMAL),
+    # Failure accounting (issue 17): a save that failed, or a stop that could not save, is counted
+    # and explained here, so `kubectl describe tp` says why no checkpoint appeared.
+    ("failedSaves", "failed_saves", _COUNT),
+    ("lastError", "last_error", _TEXT),
+    ("lastFailedStep", "last_failed_step", _COUNT),
+    # The ramdisk tier: per node, so it is never `latestCheckpoint` (which must survive the node).
+    ("latestLocalCheckpoint", "latest_local_checkpoint", _TEXT),
+    ("localCheckpointsCreated", "local_checkpoints_created", _COUNT),
 )
+# lastError is cut to this many characters by the runtime (a traceback is not a status).
+MAX_ERROR_LENGTH: Final = 300
 # An extension key of `checkpointing` (readers keep unknown keys, so older readers are unaffected):
 # why the latest checkpoint exists, so the reconciler names its Event from the record rather than
 # guessing from how it read it (a JIT save's record is often read by exec before the exit).
@@ -69,6 +79,11 @@ _CHECKPOINTING_KEYS: Final = frozenset(k for k, _, _ in _CHECKPOINTING_FIELDS)
 # What the termination message gives up first when it is over 4 KiB, after the extra keys: what
 # matters least once the job has ended goes first; what says where to resume goes last.
 _SHORT_FORM_DROP_ORDER: Final = (
+    ("checkpointing", "localCheckpointsCreated"),
+    ("checkpointing", "latestLocalCheckpoint"),
+    ("checkpointing", "lastFailedStep"),
+    ("checkpointing", "failedSaves"),
+    ("checkpointing", "lastError"),
     ("resumedFrom",),
     ("estimatedTimeRemaining",),
     ("validationAccuracy",),
@@ -226,6 +241,11 @@ class CheckpointingStatus:
     latest_checkpoint_time: str | None = None  # RFC 3339
     last_save_seconds: str | None = None  # decimal string
     last_stall_seconds: str | None = None  # decimal string
+    failed_saves: int | None = None
+    last_error: str | None = None
+    last_failed_step: int | None = None
+    latest_local_checkpoint: str | None = None
+    local_checkpoints_created: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

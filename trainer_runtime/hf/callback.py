@@ -1,45 +1,40 @@
-"""A TrainerCallback that puts the HF Trainer on kubeckpt's checkpoint protocol.
+"""A TrainerCallback that puts the HF Trainer on kubeckpt's save protocol (`protocol/`).
 
-What it does, and how:
+It is the protocol's HF adapter, as trainer_runtime.torch.CheckpointManager is its PyTorch one:
+the same schedule, agreement, commit, tiers, retention, resume, failure accounting and preStop
+answer. What is HF's own:
 
 - Progress: rank 0 writes $TRAINING_PROGRESS_FILE every PROGRESS_UPDATE_FREQUENCY steps (step,
   epoch, loss and learning rate from the Trainer's logs, eval metrics, smoothed step time, ETA).
 - Saves: it drives `control.should_save` from CHECKPOINT_STRATEGY (time / steps / epoch) and also
-  adopts the saves the Trainer's own `save_strategy` asks for. The Trainer's `_save_checkpoint`
-  writes the files (HF layout, so plain `Trainer.train(resume_from_checkpoint=...)` reads them);
-  this callback makes the save atomic around it: before it, rank 0 creates `checkpoint-<step>/`
-  holding only the sentinel; after it (`on_save`, every rank, then a barrier), rank 0 fsyncs every
-  file, writes `manifest.json` and removes the sentinel.
+  adopts the saves the Trainer's own `save_strategy` asks for. Files are in the Trainer's layout,
+  so plain `Trainer.train(resume_from_checkpoint=...)` reads them.
 - Async saves (`kubeckpt_trainer`, single process and DDP): the Trainer's `_save_checkpoint` is
-  replaced by one that stages a CPU copy of what it would write (async_save.py) and persists it on
-  a save thread; training waits only for the copy. A save is finalized (manifest, sentinel removed,
-  retention) only once every rank's files are written and fsynced: each rank's "still writing /
-  failed" flags ride on the per-step agreement, so no extra collective is needed; a new save, a
-  JIT stop and the end of training wait for the one in flight. A failed write (ENOSPC, ...) is
-  logged and reported in the progress record, the checkpoint is never finalized (rank 0 removes
-  it), and training goes on. FSDP, DeepSpeed, subclasses with saves of their own and
-  KUBECKPT_ASYNC_SAVE=false keep the synchronous path below (async_save.async_unsupported).
-- JIT: SIGTERM or the preStop request file sets a flag; every step the ranks agree (all_reduce MAX
-  on their own gloo group) whether any rank wants to stop, so all save at the same step and then
-  stop with `control.should_training_stop`. The preStop request is acknowledged after the save,
-  which is durable and finalized before `train()` returns.
+  replaced by one that stages a CPU copy of what it would write (async_save.py); the protocol's
+  writer thread writes it to each tier (the persistent one in CHECKPOINT_URI, a path or s3://, and
+  the ramdisk in CHECKPOINT_LOCAL_DIR every CHECKPOINT_LOCAL_PERIOD steps on a single node),
+  reports every rank's files and commits. Training waits only for the copy.
+- Synchronous saves (FSDP, DeepSpeed, subclasses with saves of their own, KUBECKPT_ASYNC_SAVE=false,
+  or the callback added without `kubeckpt_trainer`): the Trainer writes the files itself; the
+  protocol's commit is split around its save: the directory with only the sentinel before it
+  (`on_step_end`), the reports and the manifest after it (`on_save`). Persistent tier only.
+- JIT: SIGTERM or the preStop request; the ranks agree on it with the pipelined per-step
+  agreement, save at the same step, and stop with `control.should_training_stop`. The preStop
+  request is answered once the checkpoint is durable and committed, before `train()` returns.
 - Retention: the callback owns it (the Trainer's `save_total_limit` is taken over and set to None,
   because the Trainer's rotation would count incomplete checkpoints and could delete complete
   ones); it keeps `save_total_limit` if the user set one, else CHECKPOINT_MAX_CHECKPOINTS.
-- Resume: `resume_checkpoint(root)` removes incomplete checkpoints and returns the newest complete,
-  verified one; `kubeckpt_trainer(trainer)` passes it to `train()` when CHECKPOINT_RESUME is on.
-
-What blocks: with async saves, creating the directory with its sentinel (a barrier) and the CPU
-copy. On the synchronous path, the Trainer's own `_save_checkpoint` plus our fsync and manifest.
+- Resume: `kubeckpt_trainer(trainer)` makes `train()` resume from the newest complete checkpoint
+  across tiers (downloaded first for s3://) when CHECKPOINT_RESUME is on; `resume_checkpoint(root)`
+  does the same for a local or mounted directory, for scripts that call `train()` themselves.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,50 +43,33 @@ from transformers import TrainerCallback
 from .. import handover, layout
 from ..config import Config
 from ..contract import (
+    INCOMPLETE_SENTINEL,
+    MANIFEST_FILE,
     PREEMPTED_EXIT_CODE,
     REASON_JIT,
     REASON_PERIODIC,
+    Manifest,
     build_manifest,
     checkpoint_dir_name,
+    hash_file,
     read_manifest,
 )
-from ..fsutil import fsync_dir, fsync_file, remove_tree
-from ..progress_writer import ProgressWriter
-from ..timing import Schedule, StepTimer
-from ..triggers import RequestFile, SignalTrigger
+from ..fsutil import fsync_dir, fsync_file
+from ..protocol import Checkpointer, Member, Report, SaveResult, TierCommit
+from ..storage import Tier, persistent_tier
 from .kubeflow import guard_kubeflow_callbacks
 
 log = logging.getLogger(__name__)
+
+FRAMEWORK = "transformers"
 
 _METRIC_KEYS = {
     "eval_loss": "validationLoss",
     "eval_accuracy": "validationAccuracy",
     "accuracy": "accuracy",
 }
-
-
-def _rank_world() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except ImportError:  # pragma: no cover - transformers needs torch here
-        pass
-    return 0, 1
-
-
-@dataclass
-class _Pending:
-    """An async save between staging and finalization."""
-
-    step: int
-    path: Path
-    epoch: int
-    started: float  # monotonic, when the save began (the directory with its sentinel)
-    stall: float  # seconds training waited for it
-    future: Future  # the persist: None, or this rank's error
-    reason: str = REASON_PERIODIC  # or REASON_JIT
+_RNG_FILE = re.compile(r"rng_state_(\d+)\.pth")
+_DCP_SHARD = re.compile(r"__(\d+)_\d+\.distcp")  # FSDP's sharded save, one file per rank
 
 
 def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None) -> str | None:
@@ -100,7 +78,7 @@ def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None
     Rank 0 (or a single process) first removes incomplete checkpoints and interrupted deletions.
     A complete checkpoint that fails verification is skipped (and left for inspection).
     """
-    rank, _ = _rank_world()
+    rank = _rank_world()[0]
     # Every rank waits alike (each then scans by itself): a pod being replaced may still be
     # writing a newer checkpoint, which the clean-up below would otherwise delete.
     handover.wait_for_saves_in_flight(root)
@@ -118,46 +96,126 @@ def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None
     return None
 
 
+def _rank_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:  # pragma: no cover - transformers needs torch here
+        pass
+    return 0, 1
+
+
+def _owned(name: str, rank: int) -> bool:
+    """Whether `name` in an HF checkpoint is this rank's to report: every rank writes its own
+    `rng_state_<rank>.pth`; everything else is written by the main process (rank 0)."""
+    if name in (INCOMPLETE_SENTINEL, MANIFEST_FILE):
+        return False
+    base = name.rsplit("/", 1)[-1]
+    match = _RNG_FILE.fullmatch(base) or _DCP_SHARD.fullmatch(base)
+    if match is not None:
+        return int(match.group(1)) == rank
+    return rank == 0
+
+
+class _HFSave:
+    """One staged HF save: the protocol's `Staged` (async path)."""
+
+    def __init__(self, snapshot: Any, rank: int, error: str | None = None) -> None:
+        self.snapshot = snapshot
+        self.rank = rank
+        self.error = error
+
+    def prepare(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(self.error)
+
+    def write(self, tier: Tier, directory: Path) -> list[Any]:
+        self.snapshot.output_dir = str(directory)
+        names = self.snapshot.persist()
+        return [_hashed(directory, n) for n in names if _owned(n, self.rank)]
+
+
+class _Hashed:
+    __slots__ = ("path", "sha256", "size")
+
+    def __init__(self, path: str, size: int, sha256: str) -> None:
+        self.path, self.size, self.sha256 = path, size, sha256
+
+
+def _hashed(directory: Path, name: str) -> _Hashed:
+    size, digest = hash_file(directory / name)
+    return _Hashed(name, size, digest)
+
+
+class _HFLoader:
+    """The protocol's `Loader` for HF: the Trainer loads in `train()`; this only checks."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+
+    def prepare(self, path: Path, manifest: Manifest, tier: Tier) -> None:
+        names = {f.path for f in manifest.files}
+        if "trainer_state.json" not in names:
+            raise ValueError("not an HF Trainer checkpoint (no trainer_state.json)")
+
+    def apply(self, prepared: Any, path: Path, manifest: Manifest, tier: Tier) -> None:
+        return None
+
+
 class KubeckptCallback(TrainerCallback):
     def __init__(self, config: Config) -> None:
         self.config = config
         s = config.settings
         self.root = s.checkpoint_uri.removeprefix("file://") if s.checkpoint_uri else None
-        if config.is_remote:
-            raise NotImplementedError(
-                "kubeckpt HF integration: only a local or mounted CHECKPOINT_URI so far"
-            )
+        if config.enabled and s.checkpoint_uri:
+            # An unusable CHECKPOINT_URI (an unknown scheme, s3:// without s3fs) fails here, where
+            # zero-code mode can still train without kubeckpt, not in the middle of train().
+            persistent_tier(s.checkpoint_uri, config.resolved_staging_dir())
         self.keep = s.max_checkpoints
-        self.schedule = Schedule(s, local_enabled=False)
-        self.timer = StepTimer()
-        self.signal = SignalTrigger()
-        self.request = RequestFile(s.control_dir)
-        self.progress: ProgressWriter | None = None
+        self.ckpt: Checkpointer | None = None
         self.comm: Any = None
+        self.io: Any = None
         self.rank, self.world_size = 0, 1
         self.stopped = False  # a JIT save happened and training was stopped
         self._hf_trainer: Any = None  # set by kubeckpt_trainer
         self.resumed_from: str | None = None
-        self._saving_step: int | None = None
+        self._fetched: tuple[Tier, int] | None = None  # a download to drop once training runs
+        # The save decided at this step: (step, persistent, local, reason); the sync path's
+        # commit in progress between on_step_end and on_save.
+        self._due: tuple[int, bool, bool, str] | None = None
+        self._inline: tuple[TierCommit, float, str] | None = None
         self._saved_step: int | None = None
-        self._stop_after_save = False
         self._last_logs: dict[str, Any] = {}
         self._metrics: dict[str, Any] = {}
         self._state: Any = None
-        # Async saves (set up by kubeckpt_trainer): at most one between staging and finalization.
+        self._seen_result: SaveResult | None = None
+        # Async saves (set up by kubeckpt_trainer).
         self.async_save = False
         self.stager: Any = None
         self._trainer: Any = None
         self._warmed = False
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: _Pending | None = None
-        self._finalizing: tuple[_Pending, Future] | None = None  # rank 0
-        self.failed_saves = 0
-        self.last_error: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> KubeckptCallback:
         return cls(Config.from_env(**overrides))
+
+    # --- the protocol's state ---
+
+    @property
+    def failed_saves(self) -> int:
+        return self.ckpt.failed_saves if self.ckpt is not None else self._failed[0]
+
+    @property
+    def last_error(self) -> str | None:
+        return self.ckpt.last_error if self.ckpt is not None else self._failed[1]
+
+    _failed: tuple[int, str | None] = (0, None)  # kept from the last train() once torn down
+
+    @property
+    def progress(self) -> Any:
+        return self.ckpt.progress if self.ckpt is not None else None
 
     # --- set-up and tear-down ---
 
@@ -165,7 +223,12 @@ class KubeckptCallback(TrainerCallback):
         """Point the Trainer's output at CHECKPOINT_URI and take over its retention."""
         if self.root is None:
             return
-        args.output_dir = self.root
+        if self.config.is_remote:
+            # s3://: the Trainer writes into the upload staging directory, whence it is published.
+            staging = Path(self.config.resolved_staging_dir(), "upload")
+            args.output_dir = str(staging)
+        else:
+            args.output_dir = self.root
         if args.save_total_limit:
             self.keep = max(1, int(args.save_total_limit))
             args.save_total_limit = None
@@ -174,35 +237,74 @@ class KubeckptCallback(TrainerCallback):
         if self.config.enabled:
             self.adopt(args)
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def _ensure(self) -> Checkpointer:
+        """The protocol, once torch.distributed is set up (every rank calls this in the same
+        order: it creates two process groups)."""
+        if self.ckpt is not None:
+            return self.ckpt
         from ..torch.agreement import Collectives
 
+        enabled = self.config.enabled
+        self.comm = Collectives.create() if enabled else Collectives(None, 1, 0)
+        self.io = Collectives.create() if enabled else Collectives(None, 1, 0)
+        self.rank, self.world_size = _rank_world()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0")) if self.world_size > 1 else 0
+        import socket
+
+        me = Member(self.rank, local_rank, self.world_size, socket.gethostname())
+        self.ckpt = Checkpointer(
+            self.config, framework=FRAMEWORK, comm=self.comm, io=self.io, me=me
+        )
+        self.ckpt.keep_persistent = self.keep
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)))
+        if self.ckpt.local is not None and (local_world != self.world_size or not self.async_save):
+            # Only rank 0 writes the model: another node's ramdisk would hold its RNG files only.
+            log.warning(
+                "kubeckpt: the local tier (CHECKPOINT_LOCAL_DIR) needs async saves on one node "
+                "with the HF Trainer; using the persistent tier only"
+            )
+            self.ckpt.local = None
+            self.ckpt.schedule.local_enabled = False
+        return self.ckpt
+
+    def restore(self) -> str | None:
+        """The newest complete checkpoint every rank can use, across tiers (a download for
+        s3://, kept until training has started): the path to pass to `train()`."""
+        ckpt = self._ensure()
+        restored = ckpt.restore(
+            _HFLoader(self.world_size), local_usable=self._local_usable, keep_fetched=True
+        )
+        if restored is None:
+            return None
+        if not restored.tier.shared or restored.path != restored.tier.write_dir(restored.step):
+            self._fetched = (restored.tier, restored.step)
+        return str(restored.path)
+
+    def _local_usable(self, tier: Tier, step: int) -> bool:
+        try:
+            manifest = read_manifest(tier.write_dir(step))
+        except (OSError, ValueError):
+            return False
+        names = {f.path for f in manifest.files}
+        return manifest.world_size == self.world_size and "trainer_state.json" in names
+
+    def on_train_begin(self, args, state, control, **kwargs):
         if self._hf_trainer is not None:  # a KubeflowCallback added after kubeckpt_trainer()
             guard_kubeflow_callbacks(self._hf_trainer, lambda: self.stopped)
-
-        self.comm = Collectives.create()
-        self.rank, self.world_size = self.comm.rank, self.comm.world_size
+        ckpt = self._ensure()
         self._state = state
-        s = self.config.settings
-        self.progress = ProgressWriter(
-            s.progress_file,
-            enabled=self.rank == 0,
-            every=s.progress_update_frequency,
-            total_steps=state.max_steps or None,
-            total_epochs=int(args.num_train_epochs) if args.max_steps <= 0 else None,
-            checkpointing_enabled=self.config.enabled,
-            termination_log=self.config.termination_log,
-        )
-        if self.resumed_from:
-            try:  # the resumed checkpoint is the latest one until this run saves
+        ckpt.progress.total_steps = state.max_steps or None
+        ckpt.progress.total_epochs = int(args.num_train_epochs) if args.max_steps <= 0 else None
+        if self.resumed_from and ckpt.resumed is None:
+            # train(resume_from_checkpoint=...) given by the script: the latest until we save.
+            try:
                 saved_time = read_manifest(self.resumed_from).time
             except (OSError, ValueError):
                 saved_time = None
             name = os.path.basename(self.resumed_from)
-            self.progress.resumed(name, self.resumed_from, saved_time)
-        if self.config.enabled and s.jit:
-            self.signal.install()
-        self.schedule.restart_interval()
+            ckpt.progress.resumed(name, self.resumed_from, saved_time)
+        ckpt.stops.install()
+        ckpt.schedule.restart_interval()
 
     @property
     def exit_code(self) -> int:
@@ -212,31 +314,32 @@ class KubeckptCallback(TrainerCallback):
         return PREEMPTED_EXIT_CODE if self.stopped else 0
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._drain()  # the last save is durable and finalized before train() returns
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        # After a JIT stop a later SIGTERM (the kubelet's, after preStop) must not turn the clean
-        # exit into 143: the handler stays, only logging.
-        self.signal.uninstall(stopping=self.stopped)
-        self._close_group()
-        if self.progress is not None:
-            self.progress.write_final(self._record(state))
-
-    def _close_group(self) -> None:
-        """Destroy our gloo group once every rank is done with it. Left to interpreter exit, a
-        rank whose peer has already exited can abort there ("terminate called without an active
-        exception", SIGABRT), failing a job that trained and saved correctly."""
-        if self.comm is None or not self.comm.distributed:
+        ckpt = self.ckpt
+        if ckpt is None:
             return
-        import torch.distributed as dist
+        self._release_fetched()
+        # The last save is durable and committed before train() returns. After a JIT stop a later
+        # SIGTERM (the kubelet's, after preStop) must not turn the clean exit into 143.
+        ckpt.close(final=lambda: self._record(state))
+        self._failed = (ckpt.failed_saves, ckpt.last_error)
+        self._close_groups()
+        self.ckpt = None
 
-        try:
-            self.comm.barrier()
-            dist.destroy_process_group(self.comm.group)
-        except Exception as e:  # tear-down must not fail a finished run
-            log.warning("kubeckpt: cannot destroy the agreement group: %s", e)
-        self.comm = None
+    def _close_groups(self) -> None:
+        for comm in (self.comm, self.io):
+            if comm is None or not comm.distributed:
+                continue
+            try:
+                comm.destroy()
+            except Exception as e:  # tear-down must not fail a finished run
+                log.warning("kubeckpt: cannot destroy the agreement group: %s", e)
+        self.comm = self.io = None
+
+    def _release_fetched(self) -> None:
+        if self._fetched is not None:
+            tier, step = self._fetched
+            self._fetched = None
+            tier.release_fetched(step)
 
     # --- progress ---
 
@@ -251,60 +354,66 @@ class KubeckptCallback(TrainerCallback):
         self.on_log(args, state, control, logs=metrics)
 
     def _record(self, state):
+        assert self.ckpt is not None
         step = state.global_step
-        return self.progress.build(
+        timer = self.ckpt.timer
+        return self.ckpt.progress.build(
             step,
             epoch=int(state.epoch) if state.epoch is not None else None,
             loss=self._last_logs.get("loss"),
             learning_rate=self._last_logs.get("learning_rate"),
-            step_seconds=self.timer.step_seconds,
-            eta_seconds=self.timer.eta_seconds(step, state.max_steps or None),
+            step_seconds=timer.step_seconds,
+            eta_seconds=timer.eta_seconds(step, state.max_steps or None),
             metrics=self._metrics,
         )
+
+    def _refresh_progress(self, state) -> None:
+        """Write the record now when a save has just ended (kubectl sees it without waiting)."""
+        ckpt = self.ckpt
+        if ckpt is not None and ckpt.last_result is not self._seen_result:
+            self._seen_result = ckpt.last_result
+            if ckpt.progress.enabled:
+                ckpt.progress.write(self._record(state))
 
     # --- save decisions ---
 
     def _decide(self, state, control, *, end_of_epoch: bool) -> None:
-        if not self.config.enabled:
+        ckpt = self.ckpt
+        if ckpt is None:
             return
         step = state.global_step
-        if step == self._saved_step:
-            # Saved at this step already (on_step_end, then on_epoch_end at an epoch's last step):
-            # a second save would first delete the complete checkpoint, or write into it.
-            control.should_save = False
+        if not self.config.enabled or self.stopped:
+            ckpt.timer.observe(step)
+            control.should_save = False if self.stopped else control.should_save
             return
-        want_stop = self.config.settings.jit and (self.signal.fired or self.request.pending())
-        periodic = self.schedule.decide(step, end_of_epoch=end_of_epoch).persistent
-        if self.config.settings.checkpoint_strategy == "time" and self.rank != 0:
-            periodic = False  # rank 0's clock decides
+        if step == self._saved_step or (self._due is not None and self._due[0] == step):
+            # Decided at this step already (on_step_end, then on_epoch_end at an epoch's last
+            # step): a second save would delete the complete checkpoint, or write into it.
+            control.should_save = bool(self._due and self._due[0] == step)
+            return
         hf_save = bool(control.should_save)  # the Trainer's own save_strategy
-        if self._saving_step == step:
-            return  # already decided at this step (on_step_end, then on_epoch_end)
-        busy, failed = self._pending_flags()
-        stop, save, busy, failed = self.comm.all_max(
-            [int(want_stop), int(periodic or hf_save), busy, failed]
-        )
-        if self._pending is not None and not busy:
-            self._conclude(ok=not failed)  # every rank's files are written and fsynced
-        if stop:
-            self._stop_after_save = True
+        ckpt.epoch = int(state.epoch or 0)
+        decision = ckpt.decide(step, end_of_epoch=end_of_epoch, also_persistent=hf_save)
+        self._refresh_progress(state)
+        if decision.stop:
             control.should_training_stop = True
-        if stop or save:
+            if ckpt.stop_requested(step):
+                control.should_save = True
+                self._due = (step, True, ckpt.persistent is None, REASON_JIT)
+            else:  # this step is durable already: only the answer is left
+                self.stopped = True
+                control.should_save = False
+                ckpt.stop_done(step, None)
+        elif decision.persistent or decision.local:
             control.should_save = True
-            self._begin(step)
-
-    def _begin(self, step: int) -> None:
-        """The directory with only the sentinel, before the Trainer writes into it."""
-        self._drain()  # one save in flight at most
-        started = _now()
-        if self.rank == 0:
-            layout.begin(self.root, step)
-        self.comm.barrier()  # no rank writes its files before the sentinel is there
-        self._saving_step = step
-        self._save_started = started
+            self._due = (step, decision.persistent, decision.local, REASON_PERIODIC)
+        else:
+            control.should_save = False
+        if self._due is not None and self._due[0] == step and not self.stages(step):
+            self._begin_inline(step, state)
+            control.should_save = self._inline is not None
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.timer.observe(state.global_step)
         if self.stager is not None and not self._warmed:
             # After the first optimizer step, when Adam & co. have their state.
             self._warmed = True
@@ -312,211 +421,142 @@ class KubeckptCallback(TrainerCallback):
                 self.stager.warm(self._trainer)
             except Exception as e:  # only an optimization: the first save allocates instead
                 log.warning("kubeckpt: cannot pre-allocate staging buffers: %s", e)
-        if self._finalizing is not None:
-            self._collect_finalize(wait=False)
+        if self._fetched is not None:
+            self._release_fetched()  # the Trainer has read the downloaded checkpoint by now
         self._decide(state, control, end_of_epoch=False)
-        if self.progress is not None and self.progress.due(state.global_step):
-            self.progress.write(self._record(state))
+        progress = self.progress
+        if progress is not None and progress.due(state.global_step):
+            progress.write(self._record(state))
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if self.config.settings.checkpoint_strategy == "epoch" or control.should_save:
             self._decide(state, control, end_of_epoch=True)
 
-    # --- async saves ---
+    # --- async saves (called from the Trainer's `_save_checkpoint`, replaced) ---
 
     def stages(self, step: int) -> bool:
         """Whether the save the Trainer starts now is ours to stage (else its own runs)."""
-        return self.async_save and self.config.enabled and self._saving_step == step
-
-    def submit(self, snapshot: Any, step: int, epoch: int, error: str | None = None) -> None:
-        """Hand a staged snapshot to the save thread (called right after staging). A rank whose
-        staging failed passes `error` instead: it still has a save in flight, one that failed, so
-        every rank keeps taking part in the same agreements."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubeckpt-save")
-        if error is None:
-            future = self._executor.submit(_persist, snapshot)
-        else:
-            future = Future()
-            future.set_result(error)
-        self._pending = _Pending(
-            step=step,
-            path=Path(self.root, checkpoint_dir_name(step)),
-            epoch=epoch,
-            started=self._save_started,
-            stall=_now() - self._save_started,
-            future=future,
-            reason=REASON_JIT if self._stop_after_save else REASON_PERIODIC,
+        return (
+            self.async_save
+            and self.config.enabled
+            and self._due is not None
+            and self._due[0] == step
         )
-        self._saving_step = None
+
+    def save_staged(self, stage: Any, step: int, epoch: int) -> None:
+        """Stage (training thread) and hand over to the protocol's writer thread; a JIT save
+        blocks until durable and then answers preStop."""
+        assert self.ckpt is not None and self._due is not None
+        _, persistent, local, reason = self._due
+        self._due = None
         self._saved_step = step
-        self.schedule.restart_interval()
+        jit = reason == REASON_JIT
+        result = self.ckpt.save(
+            step,
+            stage,
+            persistent=persistent,
+            local=local,
+            reason=reason,
+            blocking=jit,
+            epoch=epoch,
+        )
+        if jit:
+            self.stopped = True
+            self.ckpt.stop_done(step, result)
 
-    def _pending_flags(self) -> tuple[int, int]:
-        """(still writing, failed) for this rank's save in flight."""
-        if self._pending is None:
-            return 0, 0
-        if not self._pending.future.done():
-            return 1, 0
-        return 0, int(self._pending.future.result() is not None)
+    def staged(self, snapshot: Any, error: str | None = None) -> _HFSave:
+        return _HFSave(snapshot, self.rank, error)
 
-    def _conclude(self, ok: bool) -> bool:
-        """Every rank agreed the save in flight is written (ok) or failed somewhere (not ok)."""
-        pending, self._pending = self._pending, None
-        assert pending is not None and self._executor is not None
-        if not ok:
-            error = pending.future.result() or "another rank could not write its files"
-            self._failed(pending.step, error)
-        if self.rank == 0:
-            work = self._finalize if ok else _discard
-            self._finalizing = (pending, self._executor.submit(work, pending))
-        return ok
+    # --- the synchronous path: the Trainer writes, the protocol commits around it ---
 
-    def _finalize(self, pending: _Pending) -> str | None:
-        """Rank 0, on the save thread: manifest (hashing every file), sentinel, retention."""
-        try:
-            manifest = build_manifest(
-                pending.path,
-                step=pending.step,
-                epoch=pending.epoch,
-                world_size=self.world_size,
-                framework="transformers",
-                tier="persistent",
-            )
-            layout.finalize(pending.path, manifest)
-            fsync_dir(self.root)
-            layout.retain(self.root, self.keep)
-        except Exception as e:  # reported at the next step, never raised into training
-            log.error("kubeckpt: cannot complete checkpoint %s: %s", pending.path, e)
-            return f"{type(e).__name__}: {e}"
-        return None
-
-    def _collect_finalize(self, *, wait: bool) -> bool | None:
-        """Rank 0: record the finalization once it is done; its success, None if still running."""
-        assert self._finalizing is not None
-        pending, future = self._finalizing
-        if not wait and not future.done():
-            return None
-        self._finalizing = None
-        error = future.result()
+    def _begin_inline(self, step: int, state: Any) -> None:
+        assert self.ckpt is not None and self._due is not None
+        ckpt = self.ckpt
+        reason = self._due[3]
+        tier = ckpt.persistent
+        if tier is None:
+            self._due = None
+            return
+        ckpt.session.wait()
+        commit = ckpt.session.commit(
+            tier, step, int(state.epoch or 0), manifest=self._walked_manifest(step, state)
+        )
+        started = time.monotonic()
+        error = commit.begin()
         if error is not None:
-            if not error.startswith("discarded"):
-                self._failed(pending.step, error)
-            return False
-        if self.progress is not None:
-            seconds = _now() - pending.started
-            self.progress.checkpoint_saved(
-                str(pending.path),
-                save_seconds=seconds,
-                stall_seconds=pending.stall,
-                reason=pending.reason,
+            self._due = None
+            result = SaveResult(step=step, ok=False, reason=reason, error=error)
+            ckpt.record(result)
+            if reason == REASON_JIT:
+                self.stopped = True
+                ckpt.stop_done(step, result)
+            return
+        self._inline = (commit, started, reason)
+
+    def _walked_manifest(self, step: int, state: Any):
+        """The Trainer wrote the files itself, some on every rank (FSDP shards): the coordinator
+        describes what is in the directory once every rank has reported."""
+
+        def build(tier: Tier, reports: list[Report]) -> Manifest:
+            assert self.ckpt is not None
+            if any(r.files for r in reports):  # s3://: each rank reported what it uploaded
+                return self.ckpt.manifest(tier, step, int(state.epoch or 0), reports)
+            return build_manifest(
+                tier.write_dir(step),
+                step=step,
+                epoch=int(state.epoch or 0),
+                world_size=self.world_size,
+                framework=FRAMEWORK,
+                tier=tier.name,
             )
-            if self._state is not None:
-                self.progress.write(self._record(self._state))
-        return True
 
-    def _drain(self) -> bool | None:
-        """Wait for the save in flight (every rank must call this at the same point): persisted,
-        agreed, and on rank 0 finalized. Its success (rank 0: finalized), None if there was none."""
-        result = None
-        if self._pending is not None:
-            own_error = self._pending.future.result()
-            result = self._conclude(self.comm.all_ok(own_error is None))
-        if self._finalizing is not None:
-            result = self._collect_finalize(wait=True)
-        return result
-
-    def _failed(self, step: int, error: str) -> None:
-        self.failed_saves += 1
-        self.last_error = error
-        log.error("kubeckpt: checkpoint at step %d failed: %s", step, error)
-        if self.progress is not None:
-            c = self.progress.checkpointing
-            c.extra["failedSaves"] = self.failed_saves
-            c.extra["lastError"] = error[:300]
-
-    # --- after the Trainer's _save_checkpoint (or our staging) ---
+        return build
 
     def on_save(self, args, state, control, **kwargs):
-        if not self.config.enabled:
+        if self._inline is None or self.ckpt is None:
             return
-        if self._pending is not None and self._pending.step == state.global_step:
-            if self._stop_after_save:  # JIT: durable and finalized before training returns
-                step, path = self._pending.step, self._pending.path
-                ok = bool(self._drain())
-                self.stopped = True
-                if self.rank == 0 and self.request.pending():
-                    self.request.acknowledge(ok, {"step": step, "path": str(path)})
-            return
-        if self._saving_step != state.global_step:
-            return
+        commit, started, reason = self._inline
+        self._inline = None
+        self._due = None
         step = state.global_step
-        path = Path(self.root, checkpoint_dir_name(step))
-        ok = True
+        path = commit.directory
+        files: list[Any] = []
+        error: str | None = None
         try:
+            names = []
             for dirpath, _, filenames in os.walk(path):
                 for name in filenames:
                     fsync_file(Path(dirpath, name))
+                    rel = Path(dirpath, name).relative_to(path).as_posix()
+                    if _owned(rel, self.rank):
+                        names.append(rel)
+            fsync_dir(path)
+            if not commit.tier.shared or self.config.is_remote:
+                files = [_hashed(path, n) for n in names]  # uploaded by their writer
         except OSError as e:
             log.error("kubeckpt: cannot fsync %s: %s", path, e)
-            ok = False
-        ok = self.comm.all_ok(ok)  # every rank's files are written (and fsynced) by now
-        if ok and self.rank == 0:
-            try:
-                manifest = build_manifest(
-                    path,
-                    step=step,
-                    epoch=int(state.epoch or 0),
-                    world_size=self.world_size,
-                    framework="transformers",
-                    tier="persistent",
-                )
-                layout.finalize(path, manifest)
-                fsync_dir(self.root)
-                layout.retain(self.root, self.keep)
-            except (OSError, ValueError) as e:
-                log.error("kubeckpt: cannot complete checkpoint %s: %s", path, e)
-                ok = False
-        ok = self.comm.all_ok(ok)
-        self._saving_step = None
-        self._saved_step = step if ok else None
-        self.schedule.restart_interval()
-        if ok and self.progress is not None:
-            seconds = _now() - self._save_started
-            self.progress.checkpoint_saved(
-                str(path),
-                save_seconds=seconds,
-                stall_seconds=seconds,
-                reason=REASON_JIT if self._stop_after_save else REASON_PERIODIC,
-            )
-            self.progress.write(self._record(state))
-        if self._stop_after_save:
+            error = f"{type(e).__name__}: {e}"
+        outcome = commit.finish(files, error)
+        seconds = time.monotonic() - started
+        result = SaveResult(
+            step=step,
+            ok=outcome.ok,
+            reason=reason,
+            locations={commit.tier.name: outcome.location}
+            if outcome.ok and outcome.location
+            else {},
+            error=outcome.error,
+            save_seconds=seconds,
+            stall_seconds=seconds,
+            bytes_written=outcome.bytes_written,
+        )
+        self._saved_step = step if outcome.ok else None
+        self.ckpt.record(result)
+        self.ckpt.schedule.restart_interval()
+        self._refresh_progress(state)
+        if reason == REASON_JIT:
             self.stopped = True
-            if self.rank == 0 and self.request.pending():
-                self.request.acknowledge(ok, {"step": step, "path": str(path)})
-
-
-def _now() -> float:
-    return time.monotonic()
-
-
-def _persist(snapshot: Any) -> str | None:
-    """On the save thread: write this rank's files; None, or the error (never raised)."""
-    try:
-        snapshot.persist()
-    except Exception as e:  # ENOSPC, EIO, a serialization error: the save fails, training goes on
-        log.error("kubeckpt: cannot write checkpoint files in %s: %s", snapshot.output_dir, e)
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
-def _discard(pending: _Pending) -> str:
-    """Rank 0, on the save thread: a save some rank could not write is removed (never complete)."""
-    try:
-        remove_tree(pending.path)
-    except OSError as e:
-        log.warning("kubeckpt: cannot remove failed checkpoint %s: %s", pending.path, e)
-    return "discarded"
+            self.ckpt.stop_done(step, result)
 
 
 def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
@@ -545,8 +585,8 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
     def train_with_resume(resume_from_checkpoint=None, *args: Any, **kwargs: Any):
         cfg = callback.config
         if resume_from_checkpoint is None and cfg.enabled and cfg.settings.resume:
-            resume_from_checkpoint = resume_checkpoint(callback.root, cfg)
-            callback.resumed_from = resume_from_checkpoint
+            resume_from_checkpoint = callback.restore()
+        callback.resumed_from = resume_from_checkpoint
         return train(resume_from_checkpoint, *args, **kwargs)
 
     trainer.train = train_with_resume
@@ -555,15 +595,15 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
 
 def _install_async_save(trainer: Any, callback: KubeckptCallback) -> None:
     """Replace the Trainer's `_save_checkpoint` with stage-then-persist where that is supported."""
-    from .async_save import Stager, async_unsupported, stage
+    from . import async_save
 
     reason = "KUBECKPT_ASYNC_SAVE=false" if not callback.config.async_save else None
-    reason = reason or async_unsupported(trainer)
+    reason = reason or async_save.async_unsupported(trainer)
     if reason is not None:
         log.info("kubeckpt: synchronous checkpoint saves (%s)", reason)
         return
     callback.async_save = True
-    callback.stager = Stager()
+    callback.stager = async_save.Stager()
     callback._trainer = trainer
     own_save = trainer._save_checkpoint
 
@@ -572,12 +612,17 @@ def _install_async_save(trainer: Any, callback: KubeckptCallback) -> None:
         if trial is not None or not callback.stages(step):
             return own_save(model, trial)  # not one of our saves: the Trainer's own, as before
         epoch = int(trainer.state.epoch or 0)
-        try:
-            snapshot = stage(trainer, callback.stager, step)
-        except Exception as e:  # this save fails (on every rank, by agreement); training goes on
-            log.error("kubeckpt: cannot stage the checkpoint at step %d: %s", step, e)
-            callback.submit(None, step, epoch, error=f"staging: {type(e).__name__}: {e}")
-            return
-        callback.submit(snapshot, step, epoch)
+
+        def stage() -> _HFSave:
+            try:
+                snapshot = async_save.stage(trainer, callback.stager, step)
+            except (
+                Exception
+            ) as e:  # this save fails (on every rank, by agreement); training goes on
+                log.error("kubeckpt: cannot stage the checkpoint at step %d: %s", step, e)
+                return callback.staged(None, f"staging: {type(e).__name__}: {e}")
+            return callback.staged(snapshot)
+
+        callback.save_staged(stage, step, epoch)
 
     trainer._save_checkpoint = save_checkpoint

@@ -88,7 +88,9 @@ def test_training_goes_on_while_the_save_is_written(tmp_path, monkeypatch):
     class Watch(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 6:  # two steps after the save at 4 began
-                seen["entered"] = gate.entered.is_set()
+                # The writer thread creates the directory and its sentinel before it writes: give
+                # it the time a loaded machine may need, while training is already at step 6.
+                seen["entered"] = gate.entered.wait(30)
                 seen["incomplete"] = (root / "checkpoint-4" / INCOMPLETE_SENTINEL).exists()
                 seen["manifest"] = (root / "checkpoint-4" / "manifest.json").exists()
                 seen["files"] = sorted(p.name for p in (root / "checkpoint-4").iterdir())

@@ -311,7 +311,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", ["enabled", "disabled", "remote-uri"])
+@pytest.mark.parametrize("case", ["enabled", "disabled", "s3-uri", "unsupported-uri"])
 def test_trainer_gets_the_callback_only_when_enabled(
     runtime: Path, tmp_path: Path, case: str
 ) -> None:
@@ -319,19 +319,24 @@ def test_trainer_gets_the_callback_only_when_enabled(
     injected = _injected(root)
     if case == "disabled":
         injected["CHECKPOINT_ENABLED"] = "false"
-    if case == "remote-uri":  # the HF integration cannot use it: warn once, train unchanged
+    if case == "s3-uri":  # the Trainer writes into the upload staging directory
         injected["CHECKPOINT_URI"] = "s3://bucket/prefix"
+        injected["KUBECKPT_STAGING_DIR"] = str(tmp_path / "staging")
+    if case == "unsupported-uri":  # the HF integration cannot use it: warn once, train unchanged
+        injected["CHECKPOINT_URI"] = "gs://bucket/prefix"
     code = PROBE.replace("sys.argv[1]", repr(str(tmp_path / "out")))
     got = _run_python(code, _env(_pythonpath(runtime), **injected), tmp_path)
     assert got.returncode == 0, got.stderr
     out = json.loads(got.stdout.splitlines()[-1])
-    attached = case == "enabled"
+    attached = case in ("enabled", "s3-uri")
     for name in ("Trainer", "MyTrainer"):
         assert out[name]["attached"] is attached, (name, out, got.stderr)
         assert out[name]["callbacks"] == int(attached), out
         expected_dir = str(root / "ckpt") if attached else str(tmp_path / "out")
+        if case == "s3-uri":
+            expected_dir = str(tmp_path / "staging" / "upload")
         assert out[name]["output_dir"] == expected_dir, out
         if attached:
             assert out[name]["callbacks_after_explicit"] == 1, out
     warnings = [line for line in got.stderr.splitlines() if "kubeckpt: zero-code" in line]
-    assert len(warnings) == (1 if case == "remote-uri" else 0), got.stderr
+    assert len(warnings) == (1 if case == "unsupported-uri" else 0), got.stderr

@@ -1,0 +1,194 @@
+"""Resume: every rank agrees on one checkpoint, the newest complete one across both tiers.
+
+1. A save still in flight from a pod being replaced is waited for (handover.py), then incomplete
+   checkpoints are removed (rank 0 for the shared tier, each node's local rank 0 for its ramdisk).
+2. Candidates: the persistent tier as rank 0 lists it (broadcast, so all see one list), and the
+   local steps that every rank holds (a ramdisk is per node: a step one node lacks is no
+   candidate). Newest first; at equal steps the local copy first, being faster.
+3. For each candidate: one process per copy fetches (a download for s3://) and verifies the files
+   against the manifest; all agree; the framework reads what it needs without touching live state
+   (`Loader.prepare`); all agree; then it loads in place (`Loader.apply`, may be collective); all
+   agree. A candidate that fails anywhere is skipped on every rank alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from .. import handover, layout
+from ..contract import Manifest, read_manifest
+from ..storage import LocalTier, Tier
+from .agreement import Agreement
+from .commit import Member, describe
+
+log = logging.getLogger("trainer_runtime.protocol")
+
+
+class RestoreError(RuntimeError):
+    """No checkpoint could be loaded after one was partly loaded in place: state is unusable."""
+
+
+class Loader(Protocol):
+    def prepare(self, path: Path, manifest: Manifest, tier: Tier) -> Any:
+        """Read and check what the load needs, touching no live state; raise if unusable."""
+
+    def apply(self, prepared: Any, path: Path, manifest: Manifest, tier: Tier) -> None:
+        """Load into the live state (every rank calls it: it may be collective)."""
+
+
+@dataclass
+class Restored:
+    step: int
+    tier: Tier
+    location: str
+    manifest: Manifest
+    path: Path  # where the files were read (a download for s3://)
+
+
+def remove_incomplete(io: Agreement, me: Member, persistent: Tier | None, local: Tier | None):
+    # A pod being replaced may still be writing a newer checkpoint: rank 0 waits for it before
+    # deleting leftovers; the other ranks at the barrier.
+    if isinstance(persistent, LocalTier) and me.rank == 0:
+        try:
+            handover.wait_for_saves_in_flight(persistent.root)
+        except OSError as e:
+            log.warning("kubeckpt: cannot check for a save in flight: %s", e)
+    try:
+        if persistent is not None and me.rank == 0:
+            persistent.remove_incomplete()
+        if local is not None and me.local_rank == 0:
+            local.remove_incomplete()
+    except Exception as e:  # cleanup is best effort: a read-only tier must not stop a resume
+        log.warning("kubeckpt: could not remove incomplete checkpoints: %s", e)
+    io.barrier()
+
+
+def same_world_size(me: Member) -> Callable[[Tier, int], bool]:
+    """The default test of a local copy: written by a job of this world size."""
+
+    def usable(tier: Tier, step: int) -> bool:
+        try:
+            manifest = read_manifest(tier.write_dir(step))
+        except (OSError, ValueError):
+            return False
+        return manifest.world_size == me.world_size
+
+    return usable
+
+
+def candidates(
+    io: Agreement,
+    me: Member,
+    persistent: Tier | None,
+    local: Tier | None,
+    local_usable: Callable[[Tier, int], bool],
+) -> list[tuple[int, Tier]]:
+    persistent_steps: list[int] = []
+    if persistent is not None and me.rank == 0:
+        try:
+            persistent_steps = [e.step for e in persistent.scan() if e.complete]
+        except Exception as e:
+            log.warning("kubeckpt: cannot list %s: %s", persistent, e)
+    persistent_steps = io.broadcast(persistent_steps)
+    mine: list[int] = []
+    if local is not None:
+        try:
+            mine = [e.step for e in local.scan() if e.complete and local_usable(local, e.step)]
+        except Exception as e:
+            log.warning("kubeckpt: cannot list %s: %s", local, e)
+    common = set(mine)
+    for steps in io.all_gather(mine):
+        common &= set(steps)
+    found: list[tuple[int, Tier]] = []
+    if local is not None:
+        found += [(step, local) for step in common]
+    if persistent is not None:
+        found += [(step, persistent) for step in persistent_steps]
+    found.sort(key=lambda c: (-c[0], c[1] is not local))
+    return found
+
+
+def restore(
+    io: Agreement,
+    me: Member,
+    found: list[tuple[int, Tier]],
+    loader: Loader,
+    *,
+    checksums: bool | Callable[[int], bool] = True,
+    keep_fetched: bool = False,
+) -> Restored | None:
+    """Load the first candidate that every rank can load; None when there is none.
+
+    `keep_fetched`: the restored copy of a remote checkpoint stays where `fetch` put it (the
+    framework reads it later: the HF Trainer loads in `train()`); `Tier.release_fetched` drops it.
+    """
+    dirty = False
+    for step, tier in found:
+        restored, touched = _try(io, me, step, tier, loader, checksums, keep_fetched)
+        dirty = dirty or touched
+        if restored is not None:
+            return restored
+    if dirty:
+        raise RestoreError(
+            "every checkpoint failed to load after one was partly loaded into the model: "
+            "the in-memory state is inconsistent; restart the process"
+        )
+    return None
+
+
+def _try(
+    io: Agreement,
+    me: Member,
+    step: int,
+    tier: Tier,
+    loader: Loader,
+    checksums: bool | Callable[[int], bool],
+    keep_fetched: bool,
+) -> tuple[Restored | None, bool]:
+    """(what was restored, whether live state was touched). Every rank makes the same
+    collective calls whatever fails."""
+    where = tier.location(step)
+    fetcher = me.coordinates(tier)
+    problems: list[str] = []
+    path = tier.fetch_dir(step)
+    if fetcher:
+        try:
+            path = tier.fetch(step)
+            _, problems = layout.verify_checkpoint(path, checksums=checksums)
+        except Exception as e:
+            problems = [f"cannot fetch: {describe(e)}"]
+    if problems:
+        log.warning("kubeckpt: skipping %s: %s", where, "; ".join(problems[:5]))
+    restored: Restored | None = None
+    try:
+        if not io.all_ok(not problems):
+            return None, False
+        manifest: Manifest | None = None
+        prepared: Any = None
+        try:
+            manifest = read_manifest(path)
+            prepared = loader.prepare(path, manifest, tier)
+        except Exception as e:
+            log.warning("kubeckpt: skipping %s: %s", where, describe(e))
+            manifest = None
+        if not io.all_ok(manifest is not None):
+            return None, False
+        assert manifest is not None
+        ok = True
+        try:
+            loader.apply(prepared, path, manifest, tier)
+        except Exception as e:
+            log.warning("kubeckpt: loading %s failed: %s", where, describe(e))
+            ok = False
+        if not io.all_ok(ok):
+            return None, True
+        restored = Restored(step, tier, where, manifest, path)
+        return restored, True
+    finally:
+        io.barrier()
+        if fetcher and not (keep_fetched and restored is not None):
+            tier.release_fetched(step)
