@@ -6,14 +6,14 @@
    directories), so even an empty leftover is recognisably incomplete; the writer touches it
    every second until step 4 (handover.py: a replacement pod waits for a live writer);
 2. the data files, each fsynced by its writer;
-3. `manifest.json` (sizes and SHA-256 of every file), written atomically: temp, fsync, rename,
+3. `manifest.json` (size and checksum of every file), written atomically: temp, fsync, rename,
    fsync the directory;
 4. the sentinel removed, and the directory fsynced.
 
 A checkpoint is complete only when the manifest exists and the sentinel is gone (DESIGN.md). A crash
 before 3 leaves no manifest; a crash between 3 and 4 leaves the sentinel: both read as incomplete,
 and resume deletes them. A complete one has every byte the manifest describes on disk, and resume
-checks sizes (and checksums) before trusting it. Deletion (retention, cleanup) first renames the
+checks sizes and checksums before trusting it. Deletion (retention, cleanup) first renames the
 directory to a hidden trash name, so a crash half-way never leaves a "complete" one with files
 missing.
 """
@@ -128,13 +128,15 @@ def verify_checkpoint(
     path: str | os.PathLike[str],
     *,
     checksums: bool | Callable[[int], bool],
-    threads: int = 2,
+    threads: int | None = None,
 ) -> tuple[Manifest | None, list[str]]:
-    """Read and check a checkpoint's manifest against its files: sizes always, SHA-256 when
-    `checksums` is True or, given a callable, when it returns True for the total size.
+    """Read and check a checkpoint's manifest against its files: sizes always, content checksums
+    (each file's xxh3_128 or sha256) when `checksums` is True or, given a callable, when it
+    returns True for the total size.
 
     Returns (manifest, problems); the manifest is None when it cannot be read. Files are hashed on
-    `threads` threads (hashlib releases the GIL), since a sharded checkpoint has many of them.
+    `threads` threads (default: the cores, 2 to 8; hashing releases the GIL), the largest first,
+    each to the least loaded thread.
     """
     path = Path(path)
     if not is_complete(path):
@@ -148,7 +150,14 @@ def verify_checkpoint(
         checksums = checksums(manifest.total_size)
     if problems or not checksums or not manifest.files:
         return manifest, problems
-    groups: list[list] = [manifest.files[i::threads] for i in range(threads)]
+    if threads is None:
+        threads = min(8, max(2, os.cpu_count() or 2))
+    groups: list[list] = [[] for _ in range(min(threads, len(manifest.files)))]
+    loads = [0] * len(groups)
+    for entry in sorted(manifest.files, key=lambda f: -f.size):
+        i = loads.index(min(loads))
+        groups[i].append(entry)
+        loads[i] += entry.size
     parts = [
         Manifest(
             step=manifest.step,
@@ -160,7 +169,6 @@ def verify_checkpoint(
             files=group,
         )
         for group in groups
-        if group
     ]
     with ThreadPoolExecutor(max_workers=len(parts)) as pool:
         for result in pool.map(lambda m: verify(path, m, checksums=True), parts):

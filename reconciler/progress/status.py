@@ -62,6 +62,11 @@ _CHECKPOINTING_FIELDS: dict[str, tuple[str, int]] = {
     "lastSaveSeconds": ("decimal", 64),
     "lastStallSeconds": ("decimal", 64),
     LATEST_CHECKPOINT_REASON: ("text", 32),
+    "failedSaves": ("int", 0),
+    "lastError": ("text", 300),
+    "lastFailedStep": ("int", 0),
+    "latestLocalCheckpoint": ("text", 4096),
+    "localCheckpointsCreated": ("int", 0),
 }
 # What the record gives; the rest of the status (conditions, source, ...) is the controller's.
 RECORD_KEYS = (*_FIELDS, "checkpointing")

@@ -67,7 +67,13 @@ def torchrun(script: Path, *args: str, nproc: int = 2) -> list[str]:
 
 
 def torchrun_argv(
-    status_dir: Path, *, steps: int = STEPS, sleep: float = 0.0, fsdp: bool = False
+    status_dir: Path,
+    *,
+    steps: int = STEPS,
+    sleep: float = 0.0,
+    fsdp: bool = False,
+    nproc: int = 2,
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
     return torchrun(
         JOB,
@@ -75,7 +81,14 @@ def torchrun_argv(
         f"--steps={steps}",
         f"--sleep={sleep}",
         *(["--fsdp"] if fsdp else []),
+        *extra,
+        nproc=nproc,
     )
+
+
+def single_argv(status_dir: Path, *args: str, steps: int = STEPS) -> list[str]:
+    """The job as one plain process (no torchrun)."""
+    return [sys.executable, str(JOB), f"--status-dir={status_dir}", f"--steps={steps}", *args]
 
 
 def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

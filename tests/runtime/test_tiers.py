@@ -4,11 +4,13 @@ one; incomplete ones are removed; retention keeps maxCheckpoints and never the n
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import pytest
 import torch
-from harness import STEPS, assert_same_files, ckpt_env
+from harness import STEPS, assert_same_files, ckpt_env, finish, start, tail_of, torchrun_argv
 from train_job import train
 
 from trainer_runtime import layout
@@ -110,3 +112,56 @@ def _manifest(path: Path, step: int) -> Manifest:
     return build_manifest(
         path, step=step, epoch=0, world_size=1, framework="test", tier="persistent"
     )
+
+
+def _flip_middle_byte(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        byte = f.read(1)[0]
+        f.seek(-1, 1)
+        f.write(bytes([byte ^ 0x10]))
+
+
+def test_flipped_byte_in_a_plain_shard_is_caught_at_any_size(
+    tmp_path: Path,
+    single_reference: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The default ("auto") checks content whatever the checkpoint's size: a byte flipped in the
+    middle of a tensor shard (same size) makes restore skip that checkpoint."""
+    env = ckpt_env(tmp_path, CHECKPOINT_LOCAL_DIR="")
+    train(steps=STEPS, status_dir=tmp_path / "a", environ=env)
+    newest = tmp_path / "persistent" / "checkpoint-35"
+    shard = max(newest.glob("rank-0.*.tensors"), key=lambda p: p.stat().st_size)
+    _flip_middle_byte(shard)
+    # Every checkpoint now reads as a terabyte: a size threshold would skip the content check.
+    monkeypatch.setattr(Manifest, "total_size", property(lambda self: 10**12))
+    with caplog.at_level(logging.WARNING):
+        info = train(steps=STEPS, status_dir=tmp_path / "b", environ=env)
+    assert info["resumed_from"] == "checkpoint-28"
+    skipped = [r.getMessage() for r in caplog.records if "checkpoint-35" in r.getMessage()]
+    assert any(f"checksum mismatch: {shard.name}" in m for m in skipped), skipped
+    assert_same_files(single_reference / "final-0.pt", tmp_path / "b" / "final-0.pt")
+
+
+def test_flipped_byte_in_a_dcp_shard_is_caught(tmp_path: Path, ddp_reference: Path) -> None:
+    """The same for the multi-rank format (DCP), whose files are hashed as DCP writes them."""
+    env = ckpt_env(tmp_path, CHECKPOINT_LOCAL_DIR="")
+    proc = start(torchrun_argv(tmp_path / "a"), env, tmp_path / "a.log")
+    assert finish(proc) == 0, tail_of(proc)
+    newest = tmp_path / "persistent" / "checkpoint-35"
+    manifest = read_manifest(newest)
+    assert manifest.extra["kubeckpt"]["format"] == "dcp"
+    assert all(f.xxh3_128 for f in manifest.files)  # hashed while written, with XXH3
+    assert layout.verify_checkpoint(newest, checksums=True)[1] == []
+    shard = max(newest.glob("__*_*.distcp"), key=lambda p: p.stat().st_size)
+    _flip_middle_byte(shard)
+    proc = start(torchrun_argv(tmp_path / "b"), env, tmp_path / "b.log")
+    assert finish(proc) == 0, tail_of(proc)
+    for rank in range(2):
+        info = json.loads((tmp_path / "b" / f"exit-{rank}.json").read_text())
+        assert info["resumed_from"] == "checkpoint-28", (rank, info)
+        assert_same_files(ddp_reference / f"final-{rank}.pt", tmp_path / "b" / f"final-{rank}.pt")
+    log = (tmp_path / "b.log").read_text()
+    assert f"checksum mismatch: {shard.name}" in log, log[-3000:]

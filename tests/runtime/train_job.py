@@ -43,6 +43,18 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def evaluate(model: nn.Module, x: torch.Tensor, seconds: float) -> None:
+    """A long evaluation: forward passes, no step boundary, no random numbers drawn."""
+    module = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    module.eval()
+    deadline = time.monotonic() + seconds
+    with torch.no_grad():
+        while time.monotonic() < deadline:
+            module(x[:64])
+            time.sleep(0.01)
+    module.train()
+
+
 def train(
     *,
     steps: int,
@@ -53,6 +65,10 @@ def train(
     samples: int = 512,
     batch: int = 16,
     fsdp: bool = False,
+    eval_at: int = 0,
+    eval_seconds: float = 0.0,
+    warmup_seconds: float = 0.0,
+    workers: int = 0,
 ) -> dict:
     """One run: resume if there is a checkpoint, train to `steps` or until told to stop."""
     status_dir.mkdir(parents=True, exist_ok=True)
@@ -68,7 +84,13 @@ def train(
     sampler = ResumableSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=7)
     # A loader generator of its own: creating an iterator then draws nothing from the global RNG,
     # which a resumed run would otherwise draw at a different moment than the original.
-    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, generator=torch.Generator())
+    loader = DataLoader(
+        dataset,
+        batch_size=batch,
+        sampler=sampler,
+        generator=torch.Generator(),
+        num_workers=workers,
+    )
 
     model = build_model(width)
     if fsdp:
@@ -98,6 +120,9 @@ def train(
     )
     step = mgr.restore()
     write_json(status_dir / f"status-{rank}.json", {"pid": os.getpid(), "step": step})
+    if warmup_seconds:  # a first compile, a cache warm-up: long, and no step boundary
+        write_json(status_dir / f"warmup-{rank}.json", {"pid": os.getpid(), "step": step})
+        time.sleep(warmup_seconds)
     epoch = sampler.epoch
     stopped = False
     loss_fn = nn.CrossEntropyLoss()
@@ -117,6 +142,9 @@ def train(
                 stopped = True
                 break
             write_json(status_dir / f"status-{rank}.json", {"pid": os.getpid(), "step": step})
+            if step == eval_at:
+                write_json(status_dir / f"eval-{rank}.json", {"pid": os.getpid(), "step": step})
+                evaluate(model, x, eval_seconds)
             if step >= steps:
                 break
         else:
@@ -161,6 +189,10 @@ def main() -> int:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP")
+    parser.add_argument("--eval-at", type=int, default=0, help="evaluate after this step")
+    parser.add_argument("--eval-seconds", type=float, default=0.0)
+    parser.add_argument("--warmup-seconds", type=float, default=0.0)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     args = parser.parse_args()
     torch.set_num_threads(1)
     train(
@@ -169,6 +201,10 @@ def main() -> int:
         sleep=args.sleep,
         width=args.width,
         fsdp=args.fsdp,
+        eval_at=args.eval_at,
+        eval_seconds=args.eval_seconds,
+        warmup_seconds=args.warmup_seconds,
+        workers=args.workers,
     )
     if dist.is_initialized():
         dist.barrier()  # no rank tears its group down under another's last collective

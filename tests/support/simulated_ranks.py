@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainer_runtime.protocol import Agreement, AgreementError
+from trainer_runtime.protocol import Agreement, AgreementError, Pending
 
 
 class SimulatedGroup:
@@ -47,11 +47,37 @@ class SimulatedAgreement(Agreement):
         rows = self._exchange([int(v) for v in values])
         return [max(column) for column in zip(*rows, strict=True)]
 
+    def start_max(self, values: Sequence[int]) -> Pending:
+        """Asynchronous, as gloo's is: the reduction completes once every rank has started it."""
+        return _Thread(lambda: self.all_max(values))
+
     def all_gather(self, obj: Any) -> list[Any]:
         return self._exchange(obj)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         return self._exchange(obj)[src]
+
+
+class _Thread(Pending):
+    def __init__(self, fn: Callable[[], list[int]]) -> None:
+        self.result: list[int] | None = None
+        self.error: BaseException | None = None
+
+        def body() -> None:
+            try:
+                self.result = fn()
+            except BaseException as e:  # re-raised by wait()
+                self.error = e
+
+        self.thread = threading.Thread(target=body, daemon=True)
+        self.thread.start()
+
+    def wait(self) -> list[int]:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
 
 
 def run_ranks(n: int, fn: Callable[[int], Any], timeout: float = 60.0) -> list[Any]:

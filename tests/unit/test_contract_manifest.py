@@ -12,18 +12,29 @@ from typing import Any
 import pytest
 
 from trainer_runtime.contract import (
+    CHECKSUM_ALGORITHMS,
     HASH_CHUNK_BYTES,
     INCOMPLETE_SENTINEL,
     MANIFEST_FILE,
+    SHA256,
+    XXH3_128,
     ContractError,
     Manifest,
     ManifestFile,
     build_manifest,
+    checksum_available,
+    format_checksum,
+    hash_file,
     is_complete,
+    new_hasher,
+    parse_checksum,
+    preferred_checksum,
     read_manifest,
     verify,
     write_manifest_atomic,
 )
+from trainer_runtime.contract import manifest as manifest_module
+from trainer_runtime.contract.manifest import MMAP_MIN_BYTES
 
 BIG = HASH_CHUNK_BYTES * 2 + 12345  # spans several hash chunks, ends mid-chunk
 
@@ -389,3 +400,117 @@ def test_read_manifest_rejects_a_corrupt_file(tmp_path: Path) -> None:
     (tmp_path / MANIFEST_FILE).write_bytes(b"\x00" * 10)
     with pytest.raises(ContractError, match="not valid JSON"):
         read_manifest(tmp_path)
+
+
+# --- checksums other than SHA-256 (issue 17) ------------------------------------------------
+
+
+def test_xxh3_manifest_round_trips_and_verifies(tmp_path: Path) -> None:
+    import xxhash
+
+    contents = make_checkpoint(tmp_path)
+    m = build(tmp_path, time="2024-01-15T10:25:00Z", checksum=XXH3_128)
+    for entry in m.files:
+        assert entry.sha256 is None
+        assert entry.xxh3_128 == xxhash.xxh3_128(contents[entry.path]).hexdigest()
+        assert entry.checksum == (XXH3_128, entry.xxh3_128)
+    data = json.loads(m.to_json())
+    first = data["files"][0]
+    assert set(first) == {"path", "size", "xxh3_128"} and len(first["xxh3_128"]) == 32
+    again = Manifest.from_json(m.to_json())
+    assert again == m and verify(tmp_path, again) == []
+
+
+@pytest.mark.parametrize("where", [0.0, 0.5, 1.0])  # first byte, middle, last byte
+def test_xxh3_verify_detects_a_flipped_byte_anywhere(tmp_path: Path, where: float) -> None:
+    make_checkpoint(tmp_path)
+    m = build(tmp_path, checksum=XXH3_128)
+    path = tmp_path / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[min(int(where * len(data)), len(data) - 1)] ^= 0x80
+    path.write_bytes(bytes(data))
+    problems = verify(tmp_path, m)
+    assert len(problems) == 1 and problems[0].startswith(
+        "checksum mismatch: model.safetensors: expected xxh3_128 "
+    )
+    assert verify(tmp_path, m, checksums=False) == []  # same size: only the content tells
+
+
+def test_sha256_manifests_still_verify_and_mixed_entries_work(tmp_path: Path) -> None:
+    contents = make_checkpoint(tmp_path)
+    old = build(tmp_path)  # what every manifest before issue 17 holds
+    assert all(f.sha256 and f.xxh3_128 is None for f in old.files)
+    assert verify(tmp_path, Manifest.from_json(old.to_json())) == []
+    # A file may carry both; verification takes the faster one, and either must match.
+    data = contents["optimizer.pt"]
+    both = ManifestFile(
+        "optimizer.pt",
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+        xxh3_128="0" * 32,
+    )
+    assert both.checksum == (XXH3_128, "0" * 32)
+    m = Manifest(
+        step=1,
+        epoch=0,
+        time="2024-01-15T10:25:00Z",
+        world_size=1,
+        framework="f",
+        tier="local",
+        files=[both],
+    )
+    assert verify(tmp_path, m)[0].startswith("checksum mismatch: optimizer.pt: expected xxh3_128")
+
+
+def test_writer_checksum_strings() -> None:
+    digest = hashlib.sha256(b"x").hexdigest()
+    assert format_checksum(SHA256, digest) == digest  # what writers always reported
+    assert parse_checksum(digest) == (SHA256, digest)
+    tagged = format_checksum(XXH3_128, "a" * 32)
+    assert tagged == "xxh3_128:" + "a" * 32 and parse_checksum(tagged) == (XXH3_128, "a" * 32)
+    # The protocol passes a writer's string through as `sha256=`: it lands in its own field.
+    entry = ManifestFile(path="a", size=1, sha256=tagged)
+    assert (entry.sha256, entry.xxh3_128) == (None, "a" * 32)
+    assert entry.to_dict() == {"path": "a", "size": 1, "xxh3_128": "a" * 32}
+    for bad in ("md5:" + "a" * 32, "xxh3_128:" + "a" * 31, "xxh3_128:" + "A" * 32, "a" * 63):
+        with pytest.raises(ContractError):
+            parse_checksum(bad)
+    with pytest.raises(ContractError, match="expected 32 lowercase hex digits"):
+        ManifestFile(path="a", size=1, xxh3_128="a" * 64)
+    with pytest.raises(ContractError, match=r"file\.sha256: required field is missing"):
+        ManifestFile(path="a", size=1)
+
+
+def test_from_dict_checks_every_checksum_given() -> None:
+    entry = {"path": "a", "size": 1, "xxh3_128": "b" * 32}
+    assert ManifestFile.from_dict(entry).checksum == (XXH3_128, "b" * 32)
+    with pytest.raises(ContractError, match=r"^files\[0\]\.xxh3_128: expected string, got null"):
+        ManifestFile.from_dict({**entry, "xxh3_128": None}, "files[0]")
+    with pytest.raises(ContractError, match=r"^f\.sha256: expected 64 lowercase hex digits"):
+        ManifestFile.from_dict({**entry, "sha256": "c" * 32}, "f")
+
+
+def test_a_checksum_this_process_cannot_compute_is_never_trusted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_checkpoint(tmp_path)
+    m = build(tmp_path, checksum=XXH3_128)
+    monkeypatch.setattr(manifest_module, "_xxhash", lambda: None)  # xxhash not installed
+    assert not checksum_available(XXH3_128) and preferred_checksum() == SHA256
+    problems = verify(tmp_path, m)
+    assert len(problems) == len(m.files)
+    assert all(p.startswith("cannot check xxh3_128: ") for p in problems)
+    assert verify(tmp_path, m, checksums=False) == []
+    with pytest.raises(ContractError, match="xxhash"):
+        new_hasher(XXH3_128)
+
+
+@pytest.mark.parametrize("size", [HASH_CHUNK_BYTES + 7, MMAP_MIN_BYTES + 7])  # read / mapped
+def test_hash_file_with_each_algorithm(tmp_path: Path, size: int) -> None:
+    import xxhash
+
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    assert hash_file(tmp_path / "f") == (len(data), hashlib.sha256(data).hexdigest())
+    assert hash_file(tmp_path / "f", XXH3_128) == (len(data), xxhash.xxh3_128(data).hexdigest())
+    assert set(CHECKSUM_ALGORITHMS) == {SHA256, XXH3_128}

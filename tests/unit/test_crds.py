@@ -761,10 +761,23 @@ def test_design_progress_file_fits_status(progress_root: dict[str, Any]) -> None
     assert validate(status_schema, status, "status") == []
     # Every key of the progress file has a home in the status (none is silently pruned).
     assert set(PROGRESS_EXAMPLE) <= set(status_schema["properties"])
-    # ...plus the runtime's extension key that names why the latest checkpoint exists.
-    assert set(PROGRESS_EXAMPLE["checkpointing"]) | {"latestCheckpointReason"} == set(
-        status_schema["properties"]["checkpointing"]["properties"]
-    )
+    # ...plus the runtime's keys beyond DESIGN.md's example: why the latest checkpoint exists,
+    # the failure accounting and the local tier (trainer_runtime.contract.CheckpointingStatus).
+    from reconciler.progress.status import _CHECKPOINTING_FIELDS
+    from trainer_runtime.contract.progress import _CHECKPOINTING_KEYS
+
+    schema_keys = set(status_schema["properties"]["checkpointing"]["properties"])
+    assert schema_keys == set(_CHECKPOINTING_KEYS) | {"latestCheckpointReason"}
+    assert schema_keys == set(_CHECKPOINTING_FIELDS)
+    failing = {
+        "failedSaves": 2,
+        "lastError": "rank 1: OSError: [Errno 28] No space left on device",
+        "lastFailedStep": 140,
+        "latestLocalCheckpoint": "/run/kubeckpt/local/checkpoint-149",
+        "localCheckpointsCreated": 49,
+    }
+    status["checkpointing"] = {**status["checkpointing"], **failing}
+    assert validate(status_schema, status, "status") == []
 
 
 def test_progress_status_strings_are_bounded(progress_root: dict[str, Any]) -> None:

@@ -125,6 +125,10 @@ class Stager:
         self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
         self.bytes_copied = 0
         self._warming: threading.Thread | None = None
+        # (source, buffer) pairs copied on a thread while the next forward/backward runs, when
+        # staging overlaps (CPU tensors only optimizer.step() changes: parameters, its state).
+        self._late: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.overlap = False  # set by the callback for each save it stages
 
     def warm(self, trainer: Any) -> None:
         """Allocate and touch the buffers for the model and optimizer state on a background thread
@@ -173,7 +177,9 @@ class Stager:
             for i, v in enumerate(o):
                 yield from self._tree_plan((*path, i), v, seen)
 
-    def _copy(self, name: tuple[Any, ...], src: torch.Tensor, memo: dict) -> torch.Tensor:
+    def _copy(
+        self, name: tuple[Any, ...], src: torch.Tensor, memo: dict, late: bool = False
+    ) -> torch.Tensor:
         src = src.detach()
         key = _key(src)
         if key in memo:  # the same memory under another name: keep it shared
@@ -182,19 +188,23 @@ class Stager:
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
             buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
             self._buffers[name] = buf
-        buf.copy_(src, non_blocking=src.is_cuda)
+        if late and self._late is not None and not src.is_cuda:
+            self._late.append((src, buf))
+        else:
+            buf.copy_(src, non_blocking=src.is_cuda)
         self.bytes_copied += src.numel() * src.element_size()
         memo[key] = buf
         return buf
 
-    def tree(self, name: str, obj: Any, memo: dict | None = None) -> Any:
-        """A deep copy of nested dicts/lists/tuples with every tensor copied to CPU."""
+    def tree(self, name: str, obj: Any, memo: dict | None = None, *, late: bool = False) -> Any:
+        """A deep copy of nested dicts/lists/tuples with every tensor copied to CPU (`late`:
+        copied by `start_late`'s thread, when staging overlaps)."""
         self._wait_warm()
         memo = {} if memo is None else memo
 
         def walk(path: tuple[Any, ...], o: Any) -> Any:
             if isinstance(o, torch.Tensor):
-                return self._copy(path, o, memo)
+                return self._copy(path, o, memo, late)
             if isinstance(o, dict):
                 out = {k: walk((*path, k), v) for k, v in o.items()}
                 return out if type(o) is dict else type(o)(out)  # OrderedDict pickles apart
@@ -210,20 +220,57 @@ class Stager:
         """model.state_dict() with trainable parameters and buffers copied, frozen ones as-is."""
         self._wait_warm()
         frozen = {_key(p.detach()) for p in model.parameters() if not p.requires_grad}
+        trained = {_key(p.detach()) for p in model.parameters() if p.requires_grad}
         memo: dict = {}
         staged = {}
         for k, v in model.state_dict().items():
             if isinstance(v, torch.Tensor) and _key(v.detach()) in frozen:
                 staged[k] = v.detach()  # never changed by the optimizer
             elif isinstance(v, torch.Tensor):
-                staged[k] = self._copy(("model", k), v, memo)
+                # Parameters change only in optimizer.step(): they may be copied late. Buffers
+                # (forward changes them) are copied now.
+                late = _key(v.detach()) in trained
+                staged[k] = self._copy(("model", k), v, memo, late)
             else:
                 staged[k] = copy.deepcopy(v)
         return staged
 
+    def begin_late(self) -> None:
+        """From here to `start_late`, copies marked late are only listed."""
+        self._late = []
+
+    def start_late(self) -> LateCopy | None:
+        """Copy what was listed on a thread, while training goes on; None if nothing was."""
+        pairs, self._late = self._late, None
+        return LateCopy(pairs) if pairs else None
+
     def synchronize(self) -> None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the non_blocking device-to-host copies have landed
+
+
+class LateCopy:
+    """Copies made on a thread while the next forward/backward runs; the next optimizer step
+    (the callback's pre-step hook) and the writer wait for them."""
+
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._run, args=(pairs,), name="kubeckpt-stage", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        try:
+            for src, buf in pairs:
+                buf.copy_(src)
+        except BaseException as e:  # reported by wait() on the writer thread
+            self.error = e
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"staging the checkpoint failed: {self.error}") from self.error
 
 
 @dataclass
@@ -238,9 +285,15 @@ class Snapshot:
     torch_files: list[tuple[str, Any]] = field(default_factory=list)  # torch.save(obj, name)
     blobs: list[tuple[str, bytes]] = field(default_factory=list)  # bytes staged already
     bytes_staged: int = 0
+    late: LateCopy | None = None  # parameter and optimizer copies still being made
+
+    def wait_copies(self) -> None:
+        if self.late is not None:
+            self.late.wait()
 
     def persist(self) -> list[str]:
         """Write and fsync every file; the names written. Errors (ENOSPC) propagate."""
+        self.wait_copies()
         out = Path(self.output_dir)
         os.makedirs(out, exist_ok=True)
         before = {p.name for p in out.iterdir()}
@@ -307,15 +360,24 @@ def _supported_model(trainer: Any) -> tuple[Any, bool]:
     return None, True
 
 
-def stage(trainer: Any, stager: Stager, step: int) -> Snapshot:
-    """`Trainer._save_checkpoint` up to the writes: bookkeeping done, the files' content staged."""
-    if trainer.hp_search_backend is None:
+def stage(trainer: Any, stager: Stager, step: int, *, collectives: bool = True) -> Snapshot:
+    """`Trainer._save_checkpoint` up to the writes: bookkeeping done, the files' content staged.
+
+    `collectives=False`: from the stop watcher's thread while the training thread is away from a
+    step boundary (evaluating): nothing that would join the training thread's collectives (the
+    FLOs count is not gathered; the best checkpoint is not looked up).
+
+    With `stager.overlap`, parameters and optimizer state (CPU) are copied on a thread while the
+    next forward/backward runs (`Snapshot.late`); the caller makes the next optimizer step wait."""
+    if trainer.hp_search_backend is None and collectives:
         trainer.store_flos()  # a collective in DDP: every rank is here, as in the Trainer's save
     run_dir = trainer._get_output_dir(trial=None)
     output_dir = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
     args = trainer.args
     snap = Snapshot(output_dir=output_dir)
     before = stager.bytes_copied
+    if stager.overlap and collectives:
+        stager.begin_late()
 
     if args.should_save:
         target, raw = _supported_model(trainer)
@@ -331,7 +393,8 @@ def stage(trainer: Any, stager: Stager, step: int) -> Snapshot:
         snap.torch_files.append((TRAINING_ARGS_NAME, copy.deepcopy(args)))
 
     if (
-        args.save_strategy in (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST)
+        collectives
+        and args.save_strategy in (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST)
         and trainer.state.best_global_step
     ):
         if args.parallel_mode == ParallelMode.DISTRIBUTED:
@@ -342,7 +405,8 @@ def stage(trainer: Any, stager: Stager, step: int) -> Snapshot:
 
     if not args.save_only_model:
         if args.should_save:
-            snap.torch_files.append((OPTIMIZER_NAME, stager.tree("optim", _sd(trainer.optimizer))))
+            optim = stager.tree("optim", _sd(trainer.optimizer), late=True)
+            snap.torch_files.append((OPTIMIZER_NAME, optim))
             snap.torch_files.append(
                 (SCHEDULER_NAME, stager.tree("sched", _sd(trainer.lr_scheduler)))
             )
@@ -364,6 +428,7 @@ def stage(trainer: Any, stager: Stager, step: int) -> Snapshot:
         text = json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n"
         snap.blobs.append((TRAINER_STATE_NAME, text.encode("utf-8")))
 
+    snap.late = stager.start_late()
     stager.synchronize()
     snap.bytes_staged = stager.bytes_copied - before
     return snap

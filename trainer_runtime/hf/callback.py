@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -51,13 +52,17 @@ from ..contract import (
     Manifest,
     build_manifest,
     checkpoint_dir_name,
+    format_checksum,
     hash_file,
+    preferred_checksum,
     read_manifest,
 )
 from ..fsutil import fsync_dir, fsync_file
 from ..protocol import Checkpointer, Member, Report, SaveResult, TierCommit
+from ..protocol.resume import same_world_size
 from ..storage import Tier, persistent_tier
 from .kubeflow import guard_kubeflow_callbacks
+from .world_size import check_resume
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +135,15 @@ class _HFSave:
     def prepare(self) -> None:
         if self.error is not None:
             raise RuntimeError(self.error)
+        self.snapshot.wait_copies()
+
+    def wait_before_update(self) -> None:
+        """The next optimizer step must not change what is still being copied."""
+        if self.snapshot is not None:
+            try:
+                self.snapshot.wait_copies()
+            except RuntimeError:
+                pass  # reported by prepare() on the writer thread
 
     def write(self, tier: Tier, directory: Path) -> list[Any]:
         self.snapshot.output_dir = str(directory)
@@ -145,8 +159,9 @@ class _Hashed:
 
 
 def _hashed(directory: Path, name: str) -> _Hashed:
-    size, digest = hash_file(directory / name)
-    return _Hashed(name, size, digest)
+    algorithm = preferred_checksum()  # xxh3_128 where xxhash is installed
+    size, digest = hash_file(directory / name, algorithm)
+    return _Hashed(name, size, format_checksum(algorithm, digest))
 
 
 class _HFLoader:
@@ -177,6 +192,9 @@ class KubeckptCallback(TrainerCallback):
         self.ckpt: Checkpointer | None = None
         self.comm: Any = None
         self.io: Any = None
+        self.ctl: Any = None
+        self._hooks: list[Any] = []
+        self._in_flight: _HFSave | None = None  # the save whose copies the next update waits for
         self.rank, self.world_size = 0, 1
         self.stopped = False  # a JIT save happened and training was stopped
         self._hf_trainer: Any = None  # set by kubeckpt_trainer
@@ -214,6 +232,11 @@ class KubeckptCallback(TrainerCallback):
     _failed: tuple[int, str | None] = (0, None)  # kept from the last train() once torn down
 
     @property
+    def stopping(self) -> bool:
+        """A stop's save is due (it blocks: nothing to overlap with)."""
+        return self._due is not None and self._due[3] == REASON_JIT
+
+    @property
     def progress(self) -> Any:
         return self.ckpt.progress if self.ckpt is not None else None
 
@@ -247,10 +270,13 @@ class KubeckptCallback(TrainerCallback):
         enabled = self.config.enabled
         self.comm = Collectives.create() if enabled else Collectives(None, 1, 0)
         self.io = Collectives.create() if enabled else Collectives(None, 1, 0)
+        self.ctl = Collectives.create() if enabled else Collectives(None, 1, 0)  # stop watcher
+        if enabled and self.config.settings.jit:
+            from ..torch import workers
+
+            workers.install()  # DataLoader workers outlive the stop signal
         self.rank, self.world_size = _rank_world()
         local_rank = int(os.environ.get("LOCAL_RANK", "0")) if self.world_size > 1 else 0
-        import socket
-
         me = Member(self.rank, local_rank, self.world_size, socket.gethostname())
         self.ckpt = Checkpointer(
             self.config, framework=FRAMEWORK, comm=self.comm, io=self.io, me=me
@@ -272,21 +298,15 @@ class KubeckptCallback(TrainerCallback):
         s3://, kept until training has started): the path to pass to `train()`."""
         ckpt = self._ensure()
         restored = ckpt.restore(
-            _HFLoader(self.world_size), local_usable=self._local_usable, keep_fetched=True
+            _HFLoader(self.world_size),
+            local_usable=same_world_size(ckpt.me, needs="trainer_state.json"),
+            keep_fetched=True,
         )
         if restored is None:
             return None
         if not restored.tier.shared or restored.path != restored.tier.write_dir(restored.step):
             self._fetched = (restored.tier, restored.step)
         return str(restored.path)
-
-    def _local_usable(self, tier: Tier, step: int) -> bool:
-        try:
-            manifest = read_manifest(tier.write_dir(step))
-        except (OSError, ValueError):
-            return False
-        names = {f.path for f in manifest.files}
-        return manifest.world_size == self.world_size and "trainer_state.json" in names
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self._hf_trainer is not None:  # a KubeflowCallback added after kubeckpt_trainer()
@@ -305,6 +325,16 @@ class KubeckptCallback(TrainerCallback):
             ckpt.progress.resumed(name, self.resumed_from, saved_time)
         ckpt.stops.install()
         ckpt.schedule.restart_interval()
+        optimizer = kwargs.get("optimizer")
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the torch one
+        if inner is not None and hasattr(inner, "register_step_pre_hook"):
+            self._hooks = [
+                inner.register_step_pre_hook(lambda *_: self._before_update()),
+                inner.register_step_post_hook(lambda *_: ckpt.mark_update()),
+            ]
+        # Away from a step boundary (a long evaluation), the watcher saves from its own thread:
+        # only with async staging, which copies without the training thread's collectives.
+        ckpt.start_watcher(self.ctl, self._takeover_stage if self.async_save else None)
 
     @property
     def exit_code(self) -> int:
@@ -321,19 +351,25 @@ class KubeckptCallback(TrainerCallback):
         # The last save is durable and committed before train() returns. After a JIT stop a later
         # SIGTERM (the kubelet's, after preStop) must not turn the clean exit into 143.
         ckpt.close(final=lambda: self._record(state))
+        self.stopped = self.stopped or ckpt.stopped
         self._failed = (ckpt.failed_saves, ckpt.last_error)
-        self._close_groups()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self._close_groups(ckpt.watcher is None or not ckpt.watcher.is_alive())
         self.ckpt = None
 
-    def _close_groups(self) -> None:
-        for comm in (self.comm, self.io):
+    def _close_groups(self, watcher_ended: bool = True) -> None:
+        for comm in (self.comm, self.io, self.ctl):
             if comm is None or not comm.distributed:
                 continue
+            if comm is self.ctl and not watcher_ended:
+                continue  # a watcher still in a collective there (a rank gone): leave it
             try:
                 comm.destroy()
             except Exception as e:  # tear-down must not fail a finished run
                 log.warning("kubeckpt: cannot destroy the agreement group: %s", e)
-        self.comm = self.io = None
+        self.comm = self.io = self.ctl = None
 
     def _release_fetched(self) -> None:
         if self._fetched is not None:
@@ -395,6 +431,11 @@ class KubeckptCallback(TrainerCallback):
         ckpt.epoch = int(state.epoch or 0)
         decision = ckpt.decide(step, end_of_epoch=end_of_epoch, also_persistent=hf_save)
         self._refresh_progress(state)
+        if decision.stop and ckpt.stop_owner == "watcher":  # saved while away from a boundary
+            self.stopped = True
+            control.should_training_stop = True
+            control.should_save = False
+            return
         if decision.stop:
             control.should_training_stop = True
             if ckpt.stop_requested(step):
@@ -465,7 +506,29 @@ class KubeckptCallback(TrainerCallback):
             self.ckpt.stop_done(step, result)
 
     def staged(self, snapshot: Any, error: str | None = None) -> _HFSave:
-        return _HFSave(snapshot, self.rank, error)
+        self._in_flight = _HFSave(snapshot, self.rank, error)
+        return self._in_flight
+
+    def _before_update(self) -> None:
+        ckpt = self.ckpt
+        if ckpt is None:
+            return
+        ckpt.before_update()  # a stop saved by the watcher holds updates until durable
+        staged = self._in_flight
+        if staged is not None and ckpt.session.busy:
+            t0 = time.monotonic()
+            staged.wait_before_update()
+            ckpt.session.add_stall(time.monotonic() - t0)
+
+    def _takeover_stage(self, step: int) -> _HFSave:
+        """The stop watcher's copy of the state at `step`, the training thread being away."""
+        from . import async_save
+
+        try:
+            snapshot = async_save.stage(self._trainer, self.stager, step, collectives=False)
+        except Exception as e:
+            return self.staged(None, f"staging: {type(e).__name__}: {e}")
+        return self.staged(snapshot)
 
     # --- the synchronous path: the Trainer writes, the protocol commits around it ---
 
@@ -587,6 +650,7 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
         if resume_from_checkpoint is None and cfg.enabled and cfg.settings.resume:
             resume_from_checkpoint = callback.restore()
         callback.resumed_from = resume_from_checkpoint
+        check_resume(trainer, resume_from_checkpoint)  # another world size: exact, or an error
         return train(resume_from_checkpoint, *args, **kwargs)
 
     trainer.train = train_with_resume
@@ -613,14 +677,18 @@ def _install_async_save(trainer: Any, callback: KubeckptCallback) -> None:
             return own_save(model, trial)  # not one of our saves: the Trainer's own, as before
         epoch = int(trainer.state.epoch or 0)
 
+        # A stop's save blocks until durable: nothing to overlap the copy with.
+        overlap = callback.config.overlap_staging and not callback.stopping
+
         def stage() -> _HFSave:
+            callback.stager.overlap = overlap
             try:
                 snapshot = async_save.stage(trainer, callback.stager, step)
-            except (
-                Exception
-            ) as e:  # this save fails (on every rank, by agreement); training goes on
+            except Exception as e:  # this save fails (every rank agrees); training goes on
                 log.error("kubeckpt: cannot stage the checkpoint at step %d: %s", step, e)
                 return callback.staged(None, f"staging: {type(e).__name__}: {e}")
+            finally:
+                callback.stager.overlap = False
             return callback.staged(snapshot)
 
         callback.save_staged(stage, step, epoch)

@@ -18,6 +18,8 @@ across tiers, failure accounting, the preStop answer, progress) is here, once.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from ..config import Config
 from ..contract import (
     REASON_JIT,
     REASON_PERIODIC,
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
     Manifest,
     ManifestFile,
     ProgressRecord,
@@ -41,6 +44,7 @@ from .commit import Member, Report
 from .resume import Loader, Restored, candidates, remove_incomplete, restore, same_world_size
 from .session import SaveResult, SaveSession, Staged
 from .stops import StopControl
+from .watcher import StopWatcher
 
 log = logging.getLogger("trainer_runtime.protocol")
 
@@ -116,6 +120,21 @@ class Checkpointer:
         self.keep_persistent = s.max_checkpoints
         self.durable_step: int | None = None  # newest step known saved in the persistent tier
         self._durable_location: str | None = None
+        # Where the training thread is (watcher.py): its last step boundary, and whether an
+        # optimizer step has completed since (the adapter's post-step hook says so).
+        self.boundary_step = 0
+        self.boundary_time = time.monotonic()
+        self._updated = False
+        # Who saves the stop on this rank: "training" (at a boundary) or "watcher" (away from one).
+        self.stop_owner: str | None = None
+        self._stop_lock = threading.Lock()
+        self._stop_finished = threading.Event()
+        self._stop_ok = False
+        self._pipeline_done = False
+        self._hold_at: int | None = None
+        self._released = threading.Event()
+        self._released.set()
+        self.watcher: StopWatcher | None = None
 
     # ------------------------------------------------------------------ restore
 
@@ -150,6 +169,9 @@ class Checkpointer:
             return None
         self.resumed = restored
         self.step = restored.step
+        # Loading may run the optimizer's step once to create its state (DCP does): no update.
+        self.boundary_step, self.boundary_time = restored.step, time.monotonic()
+        self._updated = False
         self.epoch = restored.manifest.epoch
         name = checkpoint_dir_name(restored.step)
         self.progress.resumed(name, restored.location, restored.manifest.time)
@@ -177,6 +199,10 @@ class Checkpointer:
         """
         self.step = step
         self.timer.observe(step)
+        self.boundary_step, self.boundary_time, self._updated = step, time.monotonic(), False
+        if self.stop_owner == "watcher":
+            self.after_stop()  # parked here until the watcher's save is durable
+            return StepDecision(stop=True)
         self.session.reap()
         if not self.enabled or self.stopped:
             return StepDecision(stop=self.stopped)
@@ -186,7 +212,7 @@ class Checkpointer:
         vote = timed and decision.persistent and self.me.rank == 0
         if vote:
             self.schedule.restart_interval()  # one vote per interval, not one per step
-        agreed = self._agreement.exchange([int(self.stops.requested()), int(vote)])
+        agreed = self._agreement.exchange([int(self.stops.pending()), int(vote)])
         stop = bool(agreed and agreed[0])
         persistent = bool(agreed and agreed[1]) if timed else decision.persistent
         return StepDecision(
@@ -214,6 +240,8 @@ class Checkpointer:
     ) -> SaveResult | None:
         """Stage now (the training thread waits for that only) and persist on the writer thread.
         Every rank must call it at the same step. With `blocking`, the result."""
+        if self.stopped and reason != REASON_JIT:
+            return None  # nothing is saved after the stop's checkpoint
         self.session.wait()  # a new save waits for the previous one
         tiers = self.tiers(persistent=persistent, local=local)
         if not tiers:
@@ -236,28 +264,66 @@ class Checkpointer:
 
     def stop(self, step: int, stage: Callable[[], Staged]) -> bool:
         """The just-in-time save at `step`, then the preStop answer; True when it is durable."""
-        result: SaveResult | None = None
-        if self.stop_requested(step):
-            result = self.save(
-                step,
-                stage,
-                persistent=True,
-                local=self.persistent is None,
-                reason=REASON_JIT,
-                blocking=True,
-            )
+        if not self.claim_stop("training"):
+            return self.after_stop()  # the watcher is saving for this rank
+        result = self.save_stop(step, stage) if self.stop_requested(step) else None
         return self.stop_done(step, result)
 
+    def save_stop(self, step: int, stage: Callable[[], Staged]) -> SaveResult | None:
+        """The just-in-time save itself: to the persistent tier (the local one when it is the
+        only tier), blocking until durable."""
+        return self.save(
+            step,
+            stage,
+            persistent=True,
+            local=self.persistent is None,
+            reason=REASON_JIT,
+            blocking=True,
+        )
+
     def stop_requested(self, step: int) -> bool:
-        """Enter the stop at `step`: the per-step agreement is drained and the save in flight
-        waited for. True when a just-in-time save is still needed (the step is not durable yet);
-        the adapter makes it (`save(..., reason=REASON_JIT, blocking=True)`, or a write of its
-        own through `commit`), then calls `stop_done`."""
+        """Enter the stop at `step`: the save in flight is waited for. True when a just-in-time
+        save is still needed (the step is not durable yet); the adapter makes it
+        (`save(..., reason=REASON_JIT, blocking=True)`, or a write of its own through
+        `session.commit`), then calls `stop_done`."""
+        self.claim_stop("training")
         self.stopped = True
-        self._agreement.collect()  # every rank started one more; let them all finish it
         log.warning("kubeckpt: stop requested; saving a just-in-time checkpoint at step %d", step)
         self.session.wait()
         return self.durable_step != step
+
+    def claim_stop(self, who: str) -> bool:
+        """Make `who` the one actor that saves this rank's stop; False if another already is."""
+        with self._stop_lock:
+            if self.stop_owner is None:
+                self.stop_owner = who
+            return self.stop_owner == who
+
+    def stop_from_watcher(self, step: int, stage: Callable[[], Staged]) -> bool:
+        """The watcher's save of `step` (the last completed optimizer step, updates held)."""
+        result = None
+        if self.durable_step != step and step > 0:
+            result = self.save_stop(step, stage)
+        self.stopped = True
+        ok = self.stop_done(step, result)
+        # The training thread is away and may never come back before the kubelet's SIGKILL:
+        # the last record goes out now, with this checkpoint in it.
+        self.progress.write_final()
+        return ok
+
+    def after_stop(self) -> bool:
+        """The training thread, once stopped: wait for the watcher's save (if it is saving) and
+        take part in the per-step agreement's last round, as every rank does; the stop's result."""
+        if self.stop_owner == "watcher":
+            self._stop_finished.wait()
+            if not self._pipeline_done:
+                self._pipeline_done = True
+                try:
+                    self._agreement.exchange([1, 0])
+                    self._agreement.collect()
+                except Exception as e:  # a rank gone: the checkpoint is saved, the answer given
+                    log.warning("kubeckpt: the last per-step agreement failed: %s", e)
+        return self._stop_ok
 
     def stop_done(self, step: int, result: SaveResult | None) -> bool:
         """Answer preStop after the stop's save (`result`; None: the step was durable already)."""
@@ -268,6 +334,8 @@ class Checkpointer:
             ok = result is not None and result.ok
             where = next(iter(result.locations.values()), None) if result and result.ok else None
             error = result.error if result else "no checkpoint tier configured"
+        if result is None and step == 0 and self.durable_step is None:
+            ok, where, error = True, None, None  # no step completed: nothing to lose
         if ok:
             self.progress.checkpoint_was_jit()
         detail: dict[str, Any] = {"step": step}
@@ -276,7 +344,78 @@ class Checkpointer:
         if error:
             detail["error"] = error
         self.stops.acknowledge(ok, detail)
+        self._finish_stop(ok)
         return ok
+
+    def _finish_stop(self, ok: bool) -> None:
+        self._stop_ok = ok
+        self._stop_finished.set()
+        if self.stop_owner == "training" and not self._pipeline_done:
+            # The per-step agreement has one round in flight: finish it now that the
+            # checkpoint is durable and the answer given (a rank still away joins it later).
+            self._pipeline_done = True
+            try:
+                self._agreement.collect()
+            except Exception as e:
+                log.warning("kubeckpt: the last per-step agreement failed: %s", e)
+
+    # ------------------------------------------------------------------ stops away from a boundary
+
+    @property
+    def completed_step(self) -> int:
+        """The last optimizer step this rank completed (a boundary, or one past it)."""
+        return self.boundary_step + (1 if self._updated else 0)
+
+    def mark_update(self) -> None:
+        """The adapter's post-optimizer-step hook: an update happened since the last boundary."""
+        self._updated = True
+
+    def before_update(self) -> None:
+        """The adapter's pre-optimizer-step hook: wait while a stop holds updates."""
+        hold = self._hold_at
+        if hold is not None and self.completed_step >= hold:
+            self._released.wait()
+
+    def hold_updates(self, at: int) -> None:
+        """No optimizer step past step `at` until `release_updates` (the watcher's save)."""
+        self._released.clear()
+        self._hold_at = at
+
+    def release_updates(self) -> None:
+        self._hold_at = None
+        self._released.set()
+
+    def start_watcher(self, ctl: Agreement, stage: Callable[[int], Staged] | None) -> None:
+        """Honour stops away from step boundaries (watcher.py); `stage(step)` copies the state
+        from the watcher thread while optimizer steps are held (None: the watcher only spreads
+        a stop to every rank's next boundary). Every rank calls it."""
+        if not (self.enabled and self.stops.enabled) or self.watcher is not None:
+            return
+        self.watcher = StopWatcher(
+            self,
+            ctl,
+            stage,
+            takeover_after=self._takeover_after,
+            reach_timeout=min(10.0, self._stop_budget() / 4),
+            poll=self.config.stop_poll_seconds,
+        )
+        self.watcher.start()
+
+    def _stop_budget(self) -> float:
+        """Seconds a stop may take before the kubelet's SIGKILL (what the webhook injected)."""
+        raw = os.environ.get(TORCH_ELASTIC_SHUTDOWN_TIMEOUT, "")
+        try:
+            return max(1.0, float(raw))
+        except ValueError:
+            return 30.0
+
+    def _takeover_after(self) -> float:
+        if self.config.stop_takeover_seconds is not None:
+            return self.config.stop_takeover_seconds
+        # A few step times (a slow step is not a stuck one), within a quarter of the budget so
+        # the save still has the rest.
+        steps = 3 * (self.timer.step_seconds or 0.0)
+        return min(max(2.0, steps), max(1.0, self._stop_budget() / 4))
 
     def record(self, result: SaveResult) -> None:
         """Account for a save the adapter made itself through `session.commit(...)`."""
@@ -349,7 +488,10 @@ class Checkpointer:
             return
         self.closed = True
         try:
-            self._agreement.collect()
+            if self.watcher is not None:
+                self.watcher.close(timeout=10 * self.watcher.poll + 5)
+            if not self._pipeline_done:
+                self._agreement.collect()
             self.session.shutdown()
         finally:
             self.stops.close(stopped=self.stopped)

@@ -67,13 +67,16 @@ def remove_incomplete(io: Agreement, me: Member, persistent: Tier | None, local:
     io.barrier()
 
 
-def same_world_size(me: Member) -> Callable[[Tier, int], bool]:
-    """The default test of a local copy: written by a job of this world size."""
+def same_world_size(me: Member, needs: str | None = None) -> Callable[[Tier, int], bool]:
+    """The test of a local copy: written by a job of this world size (and listing the file
+    `needs`, this rank's own part, when given)."""
 
     def usable(tier: Tier, step: int) -> bool:
         try:
             manifest = read_manifest(tier.write_dir(step))
         except (OSError, ValueError):
+            return False
+        if needs is not None and needs not in {f.path for f in manifest.files}:
             return False
         return manifest.world_size == me.world_size
 

@@ -9,6 +9,7 @@ agreement of the training thread never waits behind a save's collectives.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -76,6 +77,9 @@ class SaveSession:
         self.on_result = on_result
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubeckpt-persist")
         self._in_flight: _InFlight | None = None
+        # The training thread and the stop watcher both submit and wait (never at once in
+        # practice: a stop holds the training thread), so the hand-over of `_in_flight` is locked.
+        self._lock = threading.RLock()
 
     @property
     def busy(self) -> bool:
@@ -103,10 +107,11 @@ class SaveSession:
         blocking: bool = False,
     ) -> SaveResult | None:
         """Persist `staged` to `tiers` on the writer thread; with `blocking`, its result."""
-        self.wait()  # one save in flight at most
-        future = self._executor.submit(self._run, staged, step, epoch, tiers, reason, started)
-        self._in_flight = _InFlight(future, step, stall)
-        return self.wait() if blocking else None
+        with self._lock:
+            self.wait()  # one save in flight at most
+            future = self._executor.submit(self._run, staged, step, epoch, tiers, reason, started)
+            self._in_flight = _InFlight(future, step, stall)
+            return self.wait() if blocking else None
 
     def commit(
         self, tier: Tier, step: int, epoch: int, *, manifest: ManifestBuilder | None = None
@@ -123,19 +128,21 @@ class SaveSession:
 
     def reap(self) -> SaveResult | None:
         """The result of a save that has finished (None while it still runs)."""
-        if self._in_flight is not None and self._in_flight.future.done():
+        in_flight = self._in_flight
+        if in_flight is not None and in_flight.future.done():
             return self.wait()
         return None
 
     def wait(self) -> SaveResult | None:
         """Block until the save in flight (if any) is durable or has failed; its result."""
-        in_flight, self._in_flight = self._in_flight, None
-        if in_flight is None:
-            return None
-        result = in_flight.future.result()
-        result.stall_seconds = in_flight.stall
-        self.on_result(result)
-        return result
+        with self._lock:
+            in_flight, self._in_flight = self._in_flight, None
+            if in_flight is None:
+                return None
+            result = in_flight.future.result()
+            result.stall_seconds = in_flight.stall
+            self.on_result(result)
+            return result
 
     def shutdown(self) -> None:
         self.wait()

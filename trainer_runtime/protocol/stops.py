@@ -23,6 +23,7 @@ class StopControl:
         self.request = RequestFile(control_dir) if control_dir is not None else None
         self.answers = answers
         self.answered = False
+        self.remote = False  # another rank was asked (the stop watcher spreads it)
 
     def install(self) -> None:
         if self.signal is not None and not self.signal.installed:
@@ -32,6 +33,10 @@ class StopControl:
         if self.signal is not None and self.signal.fired:
             return True
         return self.request is not None and self.request.pending()
+
+    def pending(self) -> bool:
+        """A stop asked of this rank or, through the watcher, of another."""
+        return self.remote or self.requested()
 
     def acknowledge(self, ok: bool, detail: dict[str, Any]) -> None:
         if self.request is not None and self.answers:

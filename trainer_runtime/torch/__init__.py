@@ -6,5 +6,13 @@ Importing this package imports torch; the runtime core (trainer_runtime.*) never
 
 from .manager import CheckpointManager, SaveResult
 from .sampler import ResumableSampler
+from .workers import chain as chain_worker_init
+from .workers import survive_sigterm
 
-__all__ = ["CheckpointManager", "ResumableSampler", "SaveResult"]
+__all__ = [
+    "CheckpointManager",
+    "ResumableSampler",
+    "SaveResult",
+    "chain_worker_init",
+    "survive_sigterm",
+]

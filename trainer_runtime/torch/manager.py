@@ -46,13 +46,13 @@ from ..contract import (
     PREEMPTED_EXIT_CODE,
     Manifest,
     checkpoint_dir_name,
-    read_manifest,
 )
 from ..fsutil import write_durable
 from ..protocol import Checkpointer, Member, Report, RestoreError, SaveResult
+from ..protocol.resume import same_world_size
 from ..storage import LocalTier, Tier
 from . import dcp as dcp_format
-from . import plain
+from . import plain, reshard, workers
 from .agreement import Collectives
 from .staging import Staged, Stager
 from .state import (
@@ -88,8 +88,8 @@ class _TorchSave:
         if mgr._format(tier) == "plain":
             return plain.write_rank(directory, mgr.rank, self.staged.tree, self.small)
         # dcp.save is collective: the protocol enters writers on every rank or on none.
-        dcp_format.save(directory, self.staged.tree, mgr._io.group)
-        return mgr._write_dcp_rank_files(directory, self.small)
+        written = dcp_format.save(directory, self.staged.tree, mgr._io.group)
+        return mgr._write_dcp_rank_files(directory, self.small, written)
 
 
 class _TorchLoader:
@@ -153,9 +153,11 @@ class CheckpointManager:
         self.node = socket.gethostname()
         self.enabled = config.enabled
 
-        # Two groups, created in the same order on every rank (see the module docstring).
+        # Three groups, created in the same order on every rank (see the module docstring); the
+        # third is the stop watcher's (protocol/watcher.py).
         self._comm = Collectives.create() if self.enabled else Collectives(None, 1, 0)
         self._io = Collectives.create() if self.enabled else Collectives(None, 1, 0)
+        self._ctl = Collectives.create() if self.enabled else Collectives(None, 1, 0)
         self._ckpt = Checkpointer(
             config,
             framework=FRAMEWORK,
@@ -166,11 +168,18 @@ class CheckpointManager:
             total_epochs=total_epochs,
             manifest_extra=self._manifest_extra,
         )
+        if self.enabled and config.settings.jit:
+            workers.install()  # DataLoader workers outlive the stop signal (workers.py)
         self._stager = Stager()
         self._staged: Staged | None = None  # the copy the save in flight is writing
         self._hooks = [
             opt.register_step_pre_hook(self._before_optimizer_step) for opt in self.optimizers
         ]
+        if self.optimizers:
+            # The first optimizer's step is the training step (a GAN's second is part of it).
+            self._hooks.append(
+                self.optimizers[0].register_step_post_hook(lambda *_: self._ckpt.mark_update())
+            )
         self.epoch = 0
         self.step = 0
         self._closed = False
@@ -179,6 +188,7 @@ class CheckpointManager:
         # A script that never calls close() (an exception, sys.exit) still leaves its final record
         # for `kubectl`; nothing more happens at exit, where other ranks may already be gone.
         atexit.register(self._at_exit)
+        self._ckpt.start_watcher(self._ctl, lambda step: self._stage(step, blocking=True))
 
     @classmethod
     def from_env(
@@ -246,13 +256,13 @@ class CheckpointManager:
 
     @property
     def resumed_from(self) -> str | None:
-        """"checkpoint-<step>" this process resumed from."""
+        """ "checkpoint-<step>" this process resumed from."""
         restored = self._ckpt.resumed
         return checkpoint_dir_name(restored.step) if restored else None
 
     @property
     def resumed_tier(self) -> str | None:
-        """"local" or "persistent"."""
+        """ "local" or "persistent"."""
         restored = self._ckpt.resumed
         return restored.tier.name if restored else None
 
@@ -265,19 +275,12 @@ class CheckpointManager:
         is skipped for the next one, local and persistent tiers alike (the local tier first when
         both hold the same step, being faster).
         """
-        restored = self._ckpt.restore(_TorchLoader(self), local_usable=self._local_usable)
+        own = same_world_size(self._ckpt.me, needs=plain.state_file(self.rank))
+        restored = self._ckpt.restore(_TorchLoader(self), local_usable=own)
         if restored is None:
             return 0
         self.step = restored.step
         return restored.step
-
-    def _local_usable(self, tier: Tier, step: int) -> bool:
-        try:
-            manifest = read_manifest(tier.write_dir(step))
-        except (OSError, ValueError):
-            return False
-        names = {f.path for f in manifest.files}
-        return manifest.world_size == self.world_size and plain.state_file(self.rank) in names
 
     def _plain_source_rank(self, manifest: Manifest) -> int:
         if manifest.world_size == self.world_size:
@@ -295,6 +298,9 @@ class CheckpointManager:
             meta = plain.read_state(path, src)
             return {"state": meta["state"], "same_rank": src == self.rank, "_meta": meta}
         same = manifest.world_size == self.world_size
+        if not same:  # every old rank's state; the sampler position is mapped to these ranks
+            state = reshard.small_state(path, manifest.world_size, self.rank)
+            return {"state": state, "same_rank": False}
         name = plain.state_file(self.rank)
         if not (path / name).exists():
             return {"state": {}, "same_rank": False}
@@ -326,7 +332,7 @@ class CheckpointManager:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         if self.sampler is not None and "sampler" in state:
-            if same_rank:
+            if same_rank or reshard.maps_world_size(self.sampler):
                 self.sampler.load_state_dict(state["sampler"])
             else:  # another world size: the position means something else; keep the epoch
                 self.sampler.set_epoch(int(state["sampler"].get("epoch", manifest.epoch)))
@@ -367,6 +373,7 @@ class CheckpointManager:
         `loss` may be a tensor: it is read (synchronising the device) only on progress writes.
         """
         if self.stopped:
+            self._ckpt.after_stop()
             return True
         self.step = step
         if epoch is not None:
@@ -386,8 +393,9 @@ class CheckpointManager:
             self._stager.warm(self._targets())
         decision = self._ckpt.decide(step, end_of_epoch=end_of_epoch)
         if decision.stop:
-            self._ckpt.stop(step, lambda: self._stage(step, blocking=True))
-            self._write_progress(step, loss, learning_rate, metrics, final=True)
+            if self._ckpt.stop_owner != "watcher":
+                self._ckpt.stop(step, lambda: self._stage(step, blocking=True))
+            self._write_progress(self.step, loss, learning_rate, metrics, final=True)
             return True
         if decision.persistent or decision.local:
             blocking = not self.config.async_save
@@ -470,6 +478,7 @@ class CheckpointManager:
         return state
 
     def _before_optimizer_step(self, *_args: Any) -> None:
+        self._ckpt.before_update()  # a stop saved by the watcher holds updates until durable
         staged = self._staged
         if staged is not None and self._ckpt.session.busy:
             t0 = time.monotonic()
@@ -481,7 +490,7 @@ class CheckpointManager:
         return self._ckpt.session.wait()
 
     def _write_dcp_rank_files(
-        self, directory: Path, small: dict[str, Any]
+        self, directory: Path, small: dict[str, Any], written: list[plain.WrittenFile]
     ) -> list[plain.WrittenFile]:
         buf = io.BytesIO()
         torch.save({"format": "kubeckpt-rank-state/1", "state": small}, buf)
@@ -491,7 +500,11 @@ class CheckpointManager:
         others |= {INCOMPLETE_SENTINEL, MANIFEST_FILE}
         names = dcp_format.owned_files(directory, self.rank, others)
         names = [n for n in names if n != name]
-        return [*dcp_format.hash_files(directory, names), *dcp_format.hash_files(directory, [name])]
+        # The shards and .metadata were hashed as DCP wrote them: no second read of the checkpoint.
+        return [
+            *dcp_format.hash_files(directory, names, known=written),
+            *dcp_format.hash_files(directory, [name]),
+        ]
 
     # ------------------------------------------------------------------ progress and shutdown
 
@@ -506,9 +519,7 @@ class CheckpointManager:
     ) -> None:
         if not self.progress.enabled:
             return
-        self._ckpt.write_progress(
-            self._record(step, loss, learning_rate, metrics), final=final
-        )
+        self._ckpt.write_progress(self._record(step, loss, learning_rate, metrics), final=final)
 
     def _record(
         self, step: int, loss: Any, learning_rate: Any, metrics: Mapping[str, Any] | None

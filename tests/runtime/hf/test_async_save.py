@@ -8,6 +8,7 @@ import errno
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,32 @@ def test_failed_staging_fails_that_save_only(tmp_path, monkeypatch):
     assert trainer.state.global_step == 10 and trainer.kubeckpt.failed_saves == 1
     assert "cannot copy" in trainer.kubeckpt.last_error
     assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(8, True)]
+
+
+def test_overlapped_copy_is_waited_for_by_the_next_optimizer_step(tmp_path, monkeypatch):
+    """Parameters and optimizer state are copied on a thread while the next forward/backward
+    runs; a copy slower than that step still holds the step-4 values, because the next
+    optimizer step waits for it: the checkpoint equals the Trainer's own, byte for byte."""
+    run = async_save.LateCopy._run
+    slowed = []
+
+    def slow(self, pairs):
+        slowed.append(len(pairs))
+        time.sleep(0.5)  # several training steps' worth
+        run(self, pairs)
+
+    root = tmp_path / "ckpt"
+    trainer = kubeckpt_trainer(
+        _trainer(tmp_path), Config.from_env(_env(tmp_path, KUBECKPT_ASYNC_SAVE="false"))
+    )
+    trainer.train()
+    sync = {s: _files(root / f"checkpoint-{s}") for s in (4, 8)}
+    shutil.rmtree(root)
+    monkeypatch.setattr(async_save.LateCopy, "_run", slow)
+    trainer = kubeckpt_trainer(_trainer(tmp_path), Config.from_env(_env(tmp_path)))
+    trainer.train()
+    assert slowed and all(n > 0 for n in slowed), slowed  # the copies were overlapped
+    for step in (4, 8):
+        ours = _files(root / f"checkpoint-{step}")
+        for name in sync[step]:
+            assert ours[name] == sync[step][name], f"checkpoint-{step}/{name} differs"

@@ -5,14 +5,19 @@ newest complete checkpoint across both, bit for bit."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import torch
 from harness import BUCKET
 from kubeckpt_env import kubeckpt_env
-from test_callback import _params, _trainer
+from test_callback import _args, _params, _trainer
 from test_callback import reference as reference  # the module-scoped fixture
-from transformers import TrainerCallback
+from tiny_hf import TokenDataset, tiny_gpt2
+from transformers import Trainer, TrainerCallback
 
 from trainer_runtime import layout
 from trainer_runtime.config import Config
@@ -100,3 +105,66 @@ def test_hf_local_tier_is_written_and_resumed_first(tmp_path: Path, reference) -
     assert progress["resumedFrom"] == "checkpoint-9"  # the ramdisk's, newer than persistent 8
     for name, value in _params(resumed.model).items():
         torch.testing.assert_close(value, reference[name], rtol=0, atol=0, msg=name)
+
+
+class _SlowEval(torch.utils.data.Dataset):
+    """An evaluation set that takes a while: the signal lands while the Trainer evaluates."""
+
+    def __init__(self, started: threading.Event) -> None:
+        self.started = started
+        self.base = TokenDataset(16)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        self.started.set()
+        time.sleep(0.25)
+        return self.base[i]
+
+
+def test_hf_sigterm_during_an_evaluation_is_saved_before_it_ends(tmp_path: Path) -> None:
+    """The stop watcher saves the step the evaluation started at while it still runs (4 s of
+    evaluation; the takeover after 0.5 s); training stops at the next step boundary."""
+    started = threading.Event()
+    env = kubeckpt_env(
+        tmp_path,
+        CHECKPOINT_SAVE_STEPS="1000",
+        KUBECKPT_STOP_TAKEOVER_SECONDS="0.5",
+    )
+    trainer = Trainer(
+        model=tiny_gpt2(),
+        args=_args(tmp_path / "unused-output", eval_strategy="steps", eval_steps=3),
+        train_dataset=TokenDataset(),
+        eval_dataset=_SlowEval(started),
+    )
+    trainer = kubeckpt_trainer(trainer, Config.from_env(env))
+    done = tmp_path / "run" / "checkpoint-done"
+    seen: dict[str, object] = {}
+
+    def preempt() -> None:
+        assert started.wait(60)
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen["answered_during_eval"] = done.exists() and trainer.state.global_step == 3
+
+    previous = signal.getsignal(signal.SIGTERM)
+    watcher = threading.Thread(target=preempt, daemon=True)
+    watcher.start()
+    try:
+        trainer.train()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    watcher.join(5)
+    assert seen == {"answered_during_eval": True}
+    assert json.loads(done.read_text())["step"] == 3
+    assert trainer.kubeckpt.stopped and trainer.state.global_step == 4  # the next boundary
+    assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(3, True)]
+    # Plain HF resumes from it.
+    plain = Trainer(
+        model=tiny_gpt2(), args=_args(tmp_path / "unused-output"), train_dataset=TokenDataset()
+    )
+    plain.train(resume_from_checkpoint=str(tmp_path / "ckpt" / "checkpoint-3"))
+    assert plain.state.global_step == 10

@@ -4,6 +4,7 @@ is a list of integers written to its own file."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -106,9 +107,10 @@ class Job:
         self.n = n
         self.comm = SimulatedGroup(n, timeout)
         self.io = SimulatedGroup(n, timeout)
+        self.ctl = SimulatedGroup(n, timeout)
         self.ckpts = [
             Checkpointer(
-                Config.from_env(_env(tmp, r, **env)),
+                Config.from_env(_env(tmp, r, **env), stop_poll_seconds=0.05),
                 framework="toy",
                 comm=self.comm.member(r),
                 io=self.io.member(r),
@@ -117,8 +119,16 @@ class Job:
             for r in range(n)
         ]
 
+    def watch(self, takeover: float = 0.3) -> None:
+        """Start every rank's stop watcher (saving ToySave states) and return at once."""
+        for r, c in enumerate(self.ckpts):
+            c.config = dataclasses.replace(c.config, stop_takeover_seconds=takeover)
+            c.start_watcher(self.ctl.member(r), lambda step, r=r: ToySave(r, [step, r]))
+
     def close(self) -> None:
         for c in self.ckpts:
+            if c.watcher is not None:
+                c.watcher.close(timeout=5)
             c.stops.close(stopped=c.stopped)
 
 
@@ -336,3 +346,141 @@ def test_the_core_needs_no_torch() -> None:
         "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')]"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def _away(c: Checkpointer, away: threading.Event, *, update_after: bool = False) -> None:
+    """The training thread leaves the boundary (an evaluation, a data wait) until `away` is set;
+    then it takes its next optimizer step and reaches the next boundary."""
+    if update_after:
+        c.before_update()
+        c.mark_update()
+    assert away.wait(30)
+
+
+def test_a_stop_during_an_evaluation_is_saved_by_the_watcher_at_the_last_step(
+    job, tmp_path: Path
+) -> None:
+    j = job(2)
+    j.watch()
+    back = threading.Event()
+
+    def rank(r: int) -> bool:
+        c = j.ckpts[r]
+        for step in range(1, 4):
+            assert not c.decide(step).stop
+            c.write_progress(c.progress.build(step))  # rank 0's is the file
+        if r == 1:
+            c.stops.signal.fired = True  # SIGTERM while both ranks evaluate
+        _away(c, back)
+        c.before_update()  # the next optimizer step (after the watcher's save: not held)
+        c.mark_update()
+        return c.decide(4).stop
+
+    def release_when_saved() -> None:
+        done = [tmp_path / f"run-{r}" / "checkpoint-done" for r in range(2)]
+        while not all(p.exists() for p in done):
+            threading.Event().wait(0.02)
+        back.set()
+
+    threading.Thread(target=release_when_saved, daemon=True).start()
+    assert run_ranks(2, rank) == [True, True]
+    assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(3, True)]
+    assert all(c.watcher.took_over for c in j.ckpts)
+    for r in range(2):
+        assert json.loads((tmp_path / f"run-{r}" / "checkpoint-done").read_text())["step"] == 3
+    record = j.ckpts[0].progress.checkpointing
+    assert record.extra["latestCheckpointReason"] == REASON_JIT
+    # The record went out at once: the training thread may not be back before the SIGKILL.
+    assert json.loads((tmp_path / "progress.json").read_text())["checkpointing"][
+        "latestCheckpoint"
+    ].endswith("checkpoint-3")
+
+
+def test_a_rank_one_step_ahead_sets_the_step_and_updates_are_held_past_it(
+    job, tmp_path: Path
+) -> None:
+    """Rank 0 completed step 4's update and went away before its boundary; rank 1 is still at
+    3 and about to update. The ranks agree on 4: rank 1 may take its step, none may take 5."""
+    j = job(2)
+    back, at_hold = threading.Event(), threading.Event()
+    held: list[bool] = []
+
+    def rank(r: int) -> bool:
+        c = j.ckpts[r]
+        for step in range(1, 4):
+            c.decide(step)
+        if r == 0:
+            c.before_update()
+            c.mark_update()  # step 4 done; the boundary not reached yet
+            c.stops.signal.fired = True
+            _away(c, back)
+        else:
+            threading.Event().wait(1.0)  # behind: the watcher has agreed on 4 by now
+            c.before_update()  # step 4's update is allowed
+            c.mark_update()
+            at_hold.set()
+            t0 = threading.Event()
+            c.before_update()  # step 5's: held until the save is durable
+            held.append(not t0.is_set())
+            _away(c, back)
+        return c.decide(4).stop
+
+    j.watch(takeover=0.2)
+
+    def release_when_saved() -> None:
+        while not (tmp_path / "run-0" / "checkpoint-done").exists():
+            threading.Event().wait(0.02)
+        back.set()
+
+    threading.Thread(target=release_when_saved, daemon=True).start()
+    assert run_ranks(2, rank) == [True, True]
+    assert [e.step for e in layout.scan(tmp_path / "ckpt")] == [4]
+    assert held == [True]
+
+
+def test_a_rank_that_never_reaches_the_step_fails_the_stop_and_says_why(
+    job, tmp_path: Path
+) -> None:
+    j = job(2)
+    for c in j.ckpts:
+        c.config = dataclasses.replace(c.config)
+    back = threading.Event()
+
+    def rank(r: int) -> None:
+        c = j.ckpts[r]
+        for step in range(1, 4):
+            c.decide(step)
+        if r == 0:
+            c.before_update()
+            c.mark_update()  # rank 0 completed 4; rank 1 is stuck before its update
+            c.stops.signal.fired = True
+        assert back.wait(30)
+
+    j.watch(takeover=0.2)
+    for c in j.ckpts:
+        c.watcher.reach_timeout = 0.5
+
+    def release_when_answered() -> None:
+        while not (tmp_path / "run-0" / "checkpoint-failed").exists():
+            threading.Event().wait(0.02)
+        back.set()
+
+    threading.Thread(target=release_when_answered, daemon=True).start()
+    run_ranks(2, rank)
+    assert [e for e in layout.scan(tmp_path / "ckpt") if e.complete] == []
+    failed = json.loads((tmp_path / "run-0" / "checkpoint-failed").read_text())
+    assert failed["step"] == 4 and "step 4" in failed["error"]
+    record = j.ckpts[0].progress.checkpointing
+    assert record.failed_saves == 1 and record.last_error.startswith("stop: ")
+
+
+def test_a_stop_at_the_boundary_is_the_training_threads_and_the_watcher_stays_out(
+    job, tmp_path: Path
+) -> None:
+    j = job(2)
+    j.watch(takeover=30)  # never overdue here
+    j.ckpts[1].stops.signal.fired = True
+    stopped = run_ranks(2, lambda r: _train(j.ckpts[r], r, range(1, 10)))
+    assert stopped == [1, 1] or stopped == [2, 2]  # agreed at a boundary, as without a watcher
+    assert not any(c.watcher.took_over for c in j.ckpts)
+    assert [e.step for e in layout.scan(tmp_path / "ckpt")] == [stopped[0]]

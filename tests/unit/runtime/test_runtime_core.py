@@ -66,8 +66,10 @@ def test_config_env_and_overrides() -> None:
     assert not cfg.async_save and cfg.verify_checksums == "never" and cfg.local_keep == 2
     assert cfg.termination_log == "/tmp/x" and cfg.is_remote
     assert not cfg.should_verify_checksums(1)
+    # "auto" verifies content at every size (issue 17); only "never" opts out.
     assert Config.from_env({}).should_verify_checksums(10**6)
-    assert not Config.from_env({}).should_verify_checksums(10**10)
+    assert Config.from_env({}).should_verify_checksums(10**12)
+    assert Config.from_env({"KUBECKPT_VERIFY_CHECKSUMS": "always"}).should_verify_checksums(1)
 
 
 @pytest.mark.parametrize(
