@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -52,15 +51,13 @@ from ..contract import (
     Manifest,
     build_manifest,
     checkpoint_dir_name,
-    format_checksum,
-    hash_file,
-    preferred_checksum,
     read_manifest,
 )
 from ..fsutil import fsync_dir, fsync_file
-from ..protocol import Checkpointer, Member, Report, SaveResult, TierCommit
+from ..protocol import Checkpointer, Report, SaveResult, TierCommit
 from ..protocol.resume import same_world_size
 from ..storage import Tier, persistent_tier
+from ..torch.dcp import hash_files
 from .kubeflow import guard_kubeflow_callbacks
 from .world_size import check_resume
 
@@ -83,7 +80,9 @@ def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None
     Rank 0 (or a single process) first removes incomplete checkpoints and interrupted deletions.
     A complete checkpoint that fails verification is skipped (and left for inspection).
     """
-    rank = _rank_world()[0]
+    from ..torch.agreement import member
+
+    rank = member().rank
     # Every rank waits alike (each then scans by itself): a pod being replaced may still be
     # writing a newer checkpoint, which the clean-up below would otherwise delete.
     handover.wait_for_saves_in_flight(root)
@@ -99,17 +98,6 @@ def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None
             return str(path)
         log.warning("kubeckpt: skipping checkpoint %s: %s", path, "; ".join(problems[:3]))
     return None
-
-
-def _rank_world() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except ImportError:  # pragma: no cover - transformers needs torch here
-        pass
-    return 0, 1
 
 
 def _owned(name: str, rank: int) -> bool:
@@ -148,20 +136,7 @@ class _HFSave:
     def write(self, tier: Tier, directory: Path) -> list[Any]:
         self.snapshot.output_dir = str(directory)
         names = self.snapshot.persist()
-        return [_hashed(directory, n) for n in names if _owned(n, self.rank)]
-
-
-class _Hashed:
-    __slots__ = ("path", "sha256", "size")
-
-    def __init__(self, path: str, size: int, sha256: str) -> None:
-        self.path, self.size, self.sha256 = path, size, sha256
-
-
-def _hashed(directory: Path, name: str) -> _Hashed:
-    algorithm = preferred_checksum()  # xxh3_128 where xxhash is installed
-    size, digest = hash_file(directory / name, algorithm)
-    return _Hashed(name, size, format_checksum(algorithm, digest))
+        return hash_files(directory, [n for n in names if _owned(n, self.rank)])
 
 
 class _HFLoader:
@@ -262,22 +237,18 @@ class KubeckptCallback(TrainerCallback):
 
     def _ensure(self) -> Checkpointer:
         """The protocol, once torch.distributed is set up (every rank calls this in the same
-        order: it creates two process groups)."""
+        order: it creates three process groups)."""
         if self.ckpt is not None:
             return self.ckpt
-        from ..torch.agreement import Collectives
+        from ..torch import workers
+        from ..torch.agreement import groups, member
 
         enabled = self.config.enabled
-        self.comm = Collectives.create() if enabled else Collectives(None, 1, 0)
-        self.io = Collectives.create() if enabled else Collectives(None, 1, 0)
-        self.ctl = Collectives.create() if enabled else Collectives(None, 1, 0)  # stop watcher
+        self.comm, self.io, self.ctl = groups(enabled)  # the ctl group is the stop watcher's
         if enabled and self.config.settings.jit:
-            from ..torch import workers
-
             workers.install()  # DataLoader workers outlive the stop signal
-        self.rank, self.world_size = _rank_world()
-        local_rank = int(os.environ.get("LOCAL_RANK", "0")) if self.world_size > 1 else 0
-        me = Member(self.rank, local_rank, self.world_size, socket.gethostname())
+        me = member()
+        self.rank, self.world_size = me.rank, me.world_size
         self.ckpt = Checkpointer(
             self.config, framework=FRAMEWORK, comm=self.comm, io=self.io, me=me
         )
@@ -595,7 +566,7 @@ class KubeckptCallback(TrainerCallback):
                         names.append(rel)
             fsync_dir(path)
             if not commit.tier.shared or self.config.is_remote:
-                files = [_hashed(path, n) for n in names]  # uploaded by their writer
+                files = hash_files(path, names)  # uploaded by their writer
         except OSError as e:
             log.error("kubeckpt: cannot fsync %s: %s", path, e)
             error = f"{type(e).__name__}: {e}"

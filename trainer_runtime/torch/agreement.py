@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..protocol.agreement import Agreement, AgreementError, Pending
+from ..protocol.commit import Member
 
 # How long a collective waits for a silent rank. Long enough for a peer's slow save (a DCP save
 # of many GB runs on the same group), short enough to fail before a typical grace period ends.
@@ -128,3 +130,21 @@ class Collectives(Agreement):
         finally:
             self.group = None
             self.world_size = 1
+
+
+def member() -> Member:
+    """This process's place in the job, from torch.distributed and torchrun's LOCAL_RANK."""
+    initialized = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if initialized else 0
+    world_size = dist.get_world_size() if initialized else 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if world_size > 1 else 0
+    return Member(rank, local_rank, world_size, socket.gethostname())
+
+
+def groups(enabled: bool) -> tuple[Collectives, Collectives, Collectives]:
+    """The adapters' three groups, created in the same order on every rank: the training
+    thread's per-step question, the writer thread's save, the stop watcher's. Trivial ones when
+    checkpointing is off (no group is created at all)."""
+    if not enabled:
+        return Collectives(None, 1, 0), Collectives(None, 1, 0), Collectives(None, 1, 0)
+    return Collectives.create(), Collectives.create(), Collectives.create()

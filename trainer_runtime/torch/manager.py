@@ -23,15 +23,12 @@ from __future__ import annotations
 import atexit
 import io
 import logging
-import os
-import socket
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -48,12 +45,12 @@ from ..contract import (
     checkpoint_dir_name,
 )
 from ..fsutil import write_durable
-from ..protocol import Checkpointer, Member, Report, RestoreError, SaveResult
+from ..protocol import Checkpointer, Report, RestoreError, SaveResult
 from ..protocol.resume import same_world_size
 from ..storage import LocalTier, Tier
 from . import dcp as dcp_format
 from . import plain, reshard, workers
-from .agreement import Collectives
+from .agreement import groups, member
 from .staging import Staged, Stager
 from .state import (
     apply_rng,
@@ -146,24 +143,19 @@ class CheckpointManager:
         self.sampler = sampler
         self.extras = dict(extras or {})
 
-        initialized = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if initialized else 0
-        self.world_size = dist.get_world_size() if initialized else 1
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if self.world_size > 1 else 0
-        self.node = socket.gethostname()
+        me = member()
+        self.rank, self.local_rank, self.world_size = me.rank, me.local_rank, me.world_size
+        self.node = me.node
         self.enabled = config.enabled
-
         # Three groups, created in the same order on every rank (see the module docstring); the
         # third is the stop watcher's (protocol/watcher.py).
-        self._comm = Collectives.create() if self.enabled else Collectives(None, 1, 0)
-        self._io = Collectives.create() if self.enabled else Collectives(None, 1, 0)
-        self._ctl = Collectives.create() if self.enabled else Collectives(None, 1, 0)
+        self._comm, self._io, self._ctl = groups(self.enabled)
         self._ckpt = Checkpointer(
             config,
             framework=FRAMEWORK,
             comm=self._comm,
             io=self._io,
-            me=Member(self.rank, self.local_rank, self.world_size, self.node),
+            me=me,
             total_steps=total_steps,
             total_epochs=total_epochs,
             manifest_extra=self._manifest_extra,
