@@ -81,6 +81,8 @@ DEFAULT_RUNTIME_IMAGE = f"kubeckpt/kubeckpt:{__version__}"
 PYTHONPATH = "PYTHONPATH"
 USER_PYTHONPATH = "KUBECKPT_USER_PYTHONPATH"  # the user's valueFrom PYTHONPATH, renamed
 RUNTIME_UID = 65532  # the image's non-root user
+# The operator-set env that says how many nodes (pods) a job spans, for the local tier's size.
+NODE_COUNT_ENV = ("PET_NNODES", "JAX_NUM_PROCESSES", "KUBECKPT_NODES")
 # Grace: one step plus one save, with 50 % and 10 s of headroom for the preStop round trip.
 GRACE_FACTOR = 1.5
 GRACE_HEADROOM_SECONDS = 10
@@ -178,9 +180,10 @@ def storage_plan(
 
 
 def _nodes(container: Mapping[str, Any]) -> int:
-    """How many nodes (pods) the job spans, from the env its operator set (PET_NNODES)."""
+    """How many nodes (pods) the job spans, from the env its operator set: PET_NNODES (torch),
+    JAX_NUM_PROCESSES (Trainer's JAX plugin: one JAX process per node)."""
     for e in container.get("env") or []:
-        if e.get("name") in ("PET_NNODES", "KUBECKPT_NODES") and "value" in e:
+        if e.get("name") in NODE_COUNT_ENV and "value" in e:
             try:
                 return max(1, int(str(e["value"]).split(":")[-1]))
             except ValueError:

@@ -65,6 +65,96 @@ def probe_pod(namespace: str, **labels: str) -> dict:
     }
 
 
+def trainjob_node_pod(namespace: str, name: str, container: dict) -> dict:
+    """A pod as JobSet's Job creates it for the `node` replicated job of TrainJob `tj`."""
+    index = {"batch.kubernetes.io/job-completion-index": "0"}
+    jobset = {
+        "jobset.sigs.k8s.io/jobset-name": "tj",
+        "jobset.sigs.k8s.io/replicatedjob-name": "node",
+        "jobset.sigs.k8s.io/replicatedjob-replicas": "1",
+        "jobset.sigs.k8s.io/job-index": "0",
+        "jobset.sigs.k8s.io/job-global-index": "0",
+        "jobset.sigs.k8s.io/restart-attempt": "0",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                **jobset,
+                **index,
+                "batch.kubernetes.io/job-name": "tj-node-0",
+                "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
+            },
+            "annotations": {**jobset, **index},
+        },
+        "spec": {"hostname": "tj-node-0-0", "subdomain": "tj", "containers": [container]},
+    }
+
+
+def node_container(command: list[str], env: list[tuple[str, str]], port: int) -> dict:
+    """The `node` container as Trainer's JAX or torch plugin leaves it."""
+    rank = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    return {
+        "name": "node",
+        "image": "example.com/team/trainer:1",
+        "command": command,
+        "env": [
+            {"name": n, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": rank}}}
+            if v == "RANK"
+            else {"name": n, "value": v}
+            for n, v in env
+        ],
+        "ports": [{"containerPort": port, "protocol": "TCP"}],
+    }
+
+
+JAX_NODE = node_container(
+    ["python", "-m", "train_jax"],
+    [
+        ("JAX_NUM_PROCESSES", "2"),
+        ("JAX_PROCESS_ID", "RANK"),
+        ("JAX_COORDINATOR_ADDRESS", "tj-node-0-0.tj:6666"),
+        ("JAX_COORDINATOR_PORT", "6666"),
+        ("JAX_DISTRIBUTED_BACKEND", "gloo"),
+    ],
+    6666,
+)
+TORCH_NODE = node_container(
+    ["torchrun", "train.py"],
+    [
+        ("PET_NNODES", "2"),
+        ("PET_NPROC_PER_NODE", "1"),
+        ("PET_NODE_RANK", "RANK"),
+        ("PET_MASTER_ADDR", "tj-node-0-0.tj"),
+        ("PET_MASTER_PORT", "29500"),
+    ],
+    29500,
+)
+
+
+def injected_fields(pod: dict, user: dict) -> dict:
+    """What admission added to a `node` pod beyond the user's container, without the API
+    server's own service-account token volume (its name is random)."""
+    c = pod["spec"]["containers"][0]
+    assert c["env"][: len(user["env"])] == user["env"], "the user's env is kept as it was"
+
+    def ours(items: list[dict]) -> list[dict]:
+        return [i for i in items if not i["name"].startswith("kube-api-access")]
+
+    return {
+        "env": c["env"][len(user["env"]) :],
+        "volumes": ours(pod["spec"]["volumes"]),
+        "volumeMounts": ours(c["volumeMounts"]),
+        "lifecycle": c.get("lifecycle"),
+        "terminationGracePeriodSeconds": pod["spec"]["terminationGracePeriodSeconds"],
+        "injected": pod["metadata"]["labels"].get("kubeckpt.io/injected"),
+        "status": json.loads(pod["metadata"]["annotations"]["kubeckpt.io/status"]),
+    }
+
+
 def job_pods(cluster: LocalCluster, namespace: str, job: str) -> list[dict]:
     out = cluster.kubectl(
         "get", "pods", "-n", namespace, "-l", f"training.kubeflow.org/job-name={job}", "-o", "json"
@@ -122,6 +212,25 @@ def test_pytorchjob_pods_are_injected_master_and_worker(
         assert vols["kubeckpt-storage"]["persistentVolumeClaim"]["claimName"] == "ckpt"
         # The API server's own injection (the service-account token volume) coexists with ours.
         assert any(v["name"].startswith("kube-api-access") for v in pod["spec"]["volumes"])
+
+
+def test_jax_trainjob_pod_is_injected_as_the_torch_one(
+    cluster: LocalCluster, opted_in: str
+) -> None:
+    """Issue 14: a JAX TrainJob's node pod gets, through the API server and the webhook, exactly
+    what the same TrainJob's torch pod gets; JAX's own fields pass through."""
+    jax = dry_run_pod(cluster, trainjob_node_pod(opted_in, "tj-node-0-0-jax", JAX_NODE))
+    torch = dry_run_pod(cluster, trainjob_node_pod(opted_in, "tj-node-0-0-torch", TORCH_NODE))
+    got = injected_fields(jax, JAX_NODE)
+    assert got == injected_fields(torch, TORCH_NODE)
+    assert got["injected"] == "true" and got["status"]["container"] == "node"
+    e = {x["name"]: x for x in got["env"]}
+    assert e["KUBECKPT_JOB_KIND"]["value"] == "TrainJob" and e["KUBECKPT_JOB_NAME"]["value"] == "tj"
+    assert e["CHECKPOINT_URI"]["value"] == f"/mnt/kubeckpt/{opted_in}/tj"
+    assert got["terminationGracePeriodSeconds"] == 240
+    c = jax["spec"]["containers"][0]
+    assert (c["command"], c["ports"]) == (JAX_NODE["command"], JAX_NODE["ports"])
+    assert (jax["spec"]["hostname"], jax["spec"]["subdomain"]) == ("tj-node-0-0", "tj")
 
 
 def test_user_set_checkpoint_uri_survives(cluster: LocalCluster, opted_in: str) -> None:
