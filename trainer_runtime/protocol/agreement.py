@@ -13,9 +13,25 @@ into a failed save (or a stop it reports it could not make), never a hang.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
+
+# How long a collective waits for a silent rank. Long enough for a peer's slow save (a DCP save
+# of many GB runs on the same group), short enough to fail before a typical grace period ends.
+KUBECKPT_AGREEMENT_TIMEOUT = "KUBECKPT_AGREEMENT_TIMEOUT"
+DEFAULT_TIMEOUT_SECONDS = 600.0
+
+
+def timeout_seconds() -> float:
+    """`KUBECKPT_AGREEMENT_TIMEOUT` (seconds, at least 1): how long every adapter's collectives
+    wait for a rank that does not answer."""
+    try:
+        seconds = float(os.environ.get(KUBECKPT_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT_SECONDS))
+    except ValueError:
+        seconds = DEFAULT_TIMEOUT_SECONDS
+    return max(1.0, seconds)
 
 
 class AgreementError(RuntimeError):

@@ -18,21 +18,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..protocol.agreement import Agreement, AgreementError, Pending
+from ..protocol.agreement import Agreement, AgreementError, Pending, timeout_seconds
 from ..protocol.commit import Member
-
-# How long a collective waits for a silent rank. Long enough for a peer's slow save (a DCP save
-# of many GB runs on the same group), short enough to fail before a typical grace period ends.
-KUBECKPT_AGREEMENT_TIMEOUT = "KUBECKPT_AGREEMENT_TIMEOUT"
-DEFAULT_TIMEOUT_SECONDS = 600.0
 
 
 def _timeout() -> datetime.timedelta:
-    try:
-        seconds = float(os.environ.get(KUBECKPT_AGREEMENT_TIMEOUT, DEFAULT_TIMEOUT_SECONDS))
-    except ValueError:
-        seconds = DEFAULT_TIMEOUT_SECONDS
-    return datetime.timedelta(seconds=max(1.0, seconds))
+    return datetime.timedelta(seconds=timeout_seconds())
 
 
 class _Work(Pending):

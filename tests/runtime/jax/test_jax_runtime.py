@@ -1,0 +1,238 @@
+"""trainer_runtime.jax: one process and two (`jax.distributed` on localhost, one CPU device each,
+gloo collectives), each process with its own ramdisk (local tier) and control directory, as two
+pods would have. A run interrupted and resumed must end bitwise equal to an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from harness import BUCKET, finish, kill_session, start, tail_of
+
+from trainer_runtime import layout
+from trainer_runtime.contract import INCOMPLETE_SENTINEL, MANIFEST_FILE, Manifest, read_manifest
+from trainer_runtime.fsutil import remove_tree
+
+try:
+    import orbax.checkpoint  # noqa: F401
+except ImportError as e:  # a missing capability fails, saying how to get it
+    raise ImportError("the JAX tests need the jax extra: pip install -e '.[dev]'") from e
+
+JOB = Path(__file__).with_name("jax_job.py")
+STEPS = 30
+
+
+def _env(root: Path, k: int, **overrides: str) -> dict[str, str]:
+    env = {
+        "CHECKPOINT_ENABLED": "true",
+        "CHECKPOINT_URI": str(root / "persistent"),
+        "CHECKPOINT_STRATEGY": "steps",
+        "CHECKPOINT_SAVE_STEPS": "7",
+        "CHECKPOINT_LOCAL_DIR": str(root / f"local-{k}"),  # a ramdisk per pod
+        "CHECKPOINT_LOCAL_PERIOD": "3",
+        "CHECKPOINT_CONTROL_DIR": str(root / f"control-{k}"),
+        "CHECKPOINT_MAX_CHECKPOINTS": "3",
+        "TRAINING_PROGRESS_FILE": str(root / "progress.json"),
+        "PROGRESS_UPDATE_FREQUENCY": "1",
+        "KUBECKPT_TERMINATION_LOG": str(root / f"termination-log-{k}"),
+        "KUBECKPT_STAGING_DIR": str(root / f"staging-{k}"),  # a pod's own disk
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60",
+        "KUBECKPT_AGREEMENT_TIMEOUT": "60",
+    }
+    env.update(overrides)
+    return env
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(root: Path, status: Path, n: int, *, steps: int = STEPS, sleep: float = 0.0, **env):
+    coordinator = f"127.0.0.1:{_port()}"
+    procs = []
+    for k in range(n):
+        argv = [
+            sys.executable,
+            str(JOB),
+            f"--status-dir={status}",
+            f"--steps={steps}",
+            f"--sleep={sleep}",
+            f"--process-id={k}",
+            f"--num-processes={n}",
+            f"--coordinator={coordinator}",
+        ]
+        log = root / f"{status.name}-{k}.log"
+        procs.append(start(argv, _env(root, k, **env), log))
+    return procs
+
+
+def run(root: Path, status: Path, n: int, **kw) -> list[dict]:
+    procs = launch(root, status, n, **kw)
+    codes = [finish(p, timeout=240) for p in procs]
+    for p, code in zip(procs, codes, strict=True):
+        assert code in (0, 143), f"exit {code}:\n{tail_of(p)}"
+    return [json.loads((status / f"exit-{k}.json").read_text()) for k in range(n)]
+
+
+def assert_same_final(a: Path, b: Path, n: int) -> None:
+    for k in range(n):
+        x, y = np.load(a / f"final-{k}.npz"), np.load(b / f"final-{k}.npz")
+        assert x.files == y.files
+        for name in x.files:
+            assert x[name].dtype == y[name].dtype and x[name].shape == y[name].shape
+            assert x[name].tobytes() == y[name].tobytes(), f"process {k}, leaf {name} differs"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Uninterrupted runs without checkpointing, for one and for two processes."""
+    out = {}
+    for n in (1, 2):
+        root = tmp_path_factory.mktemp(f"reference-{n}")
+        run(root, root / "ref", n, CHECKPOINT_ENABLED="false")
+        out[n] = root / "ref"
+    return out
+
+
+def _progress_step(root: Path) -> int:
+    try:
+        return int(json.loads((root / "progress.json").read_text()).get("step", 0))
+    except (OSError, ValueError):
+        return 0
+
+
+def _wait_for_step(root: Path, step: int, procs, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while _progress_step(root) < step:
+        assert all(p.poll() is None for p in procs), "a process exited early"
+        assert time.monotonic() < deadline, f"step {step} not reached"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_sigterm_to_one_process_saves_all_at_one_step_and_resume_is_exact(
+    tmp_path: Path, reference: dict[int, Path], n: int
+) -> None:
+    procs = launch(tmp_path, tmp_path / "a", n, sleep=0.2)
+    _wait_for_step(tmp_path, 10, procs)
+    procs[-1].send_signal(signal.SIGTERM)  # the last process only: the others learn it agreed
+    codes = [finish(p, timeout=120) for p in procs]
+    infos = [json.loads((tmp_path / "a" / f"exit-{k}.json").read_text()) for k in range(n)]
+    assert codes == [143] * n, [tail_of(p) for p in procs]  # preempted: the job restarts
+    stops = {i["step"] for i in infos}
+    assert len(stops) == 1 and all(i["stopped"] for i in infos), infos
+    stop = stops.pop()
+    assert 10 <= stop < STEPS
+    manifest = read_manifest(tmp_path / "persistent" / f"checkpoint-{stop}")
+    assert manifest.world_size == n and manifest.extra["kubeckpt"]["format"] == "orbax"
+
+    infos = run(tmp_path, tmp_path / "b", n)
+    assert {(i["resumed_from"], i["resumed_tier"]) for i in infos} == {
+        (f"checkpoint-{stop}", "persistent")
+    }
+    assert_same_final(reference[n], tmp_path / "b", n)
+
+
+def test_two_processes_resume_from_the_local_tier_and_exactly(
+    tmp_path: Path, reference: dict[int, Path]
+) -> None:
+    run(tmp_path, tmp_path / "a", 2, steps=20)
+    # Persistent every 7 steps (7, 14), the ramdisks every 3 (18 the newest, one kept each).
+    assert [e.step for e in layout.scan(tmp_path / "persistent")] == [7, 14]
+    for k in range(2):
+        assert [e.step for e in layout.scan(tmp_path / f"local-{k}")] == [18]
+        files = {f.path for f in read_manifest(tmp_path / f"local-{k}" / "checkpoint-18").files}
+        assert files == {f"process-{k}.bin", f"process-{k}.json"}  # each pod's own part only
+    infos = run(tmp_path, tmp_path / "b", 2)
+    assert {(i["resumed_from"], i["resumed_tier"]) for i in infos} == {("checkpoint-18", "local")}
+    assert_same_final(reference[2], tmp_path / "b", 2)
+
+
+def test_local_tier_wiped_restores_from_persistent(
+    tmp_path: Path, reference: dict[int, Path]
+) -> None:
+    run(tmp_path, tmp_path / "a", 2, steps=20)
+    for k in range(2):
+        remove_tree(tmp_path / f"local-{k}" / "checkpoint-18")
+    infos = run(tmp_path, tmp_path / "b", 2)
+    assert {(i["resumed_from"], i["resumed_tier"]) for i in infos} == {
+        ("checkpoint-14", "persistent")
+    }
+    assert_same_final(reference[2], tmp_path / "b", 2)
+
+
+def test_a_corrupt_local_copy_on_one_process_makes_both_restore_the_same_step(
+    tmp_path: Path, reference: dict[int, Path]
+) -> None:
+    run(tmp_path, tmp_path / "a", 2, steps=20)
+    data = tmp_path / "local-1" / "checkpoint-18" / "process-1.bin"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x10  # same size: only the content check can tell
+    data.write_bytes(bytes(raw))
+    infos = run(tmp_path, tmp_path / "b", 2)
+    # Process 0's copy of 18 is sound, but both must load one step: the persistent 14.
+    assert {(i["resumed_from"], i["resumed_tier"]) for i in infos} == {
+        ("checkpoint-14", "persistent")
+    }
+    assert_same_final(reference[2], tmp_path / "b", 2)
+
+
+def test_sigkill_during_a_save_is_skipped_at_the_next_start(
+    tmp_path: Path, reference: dict[int, Path]
+) -> None:
+    persistent = tmp_path / "persistent"
+    for attempt in range(3):
+        status = tmp_path / f"a{attempt}"
+        procs = launch(tmp_path, status, 1, sleep=0.05, CHECKPOINT_LOCAL_DIR="")
+        caught = None
+        deadline = time.monotonic() + 120
+        while caught is None and procs[0].poll() is None and time.monotonic() < deadline:
+            for entry in layout.scan(persistent):
+                path = persistent / f"checkpoint-{entry.step}"
+                if (path / INCOMPLETE_SENTINEL).exists() and not (path / MANIFEST_FILE).exists():
+                    kill_session(procs[0])  # SIGKILL, in the middle of orbax's write
+                    caught = entry.step
+                    break
+            time.sleep(0.001)
+        finish(procs[0], timeout=30)
+        if (
+            caught is not None
+            and not (persistent / f"checkpoint-{caught}" / MANIFEST_FILE).exists()
+        ):
+            break
+    else:
+        pytest.fail("never caught a save in flight in 3 runs")
+    infos = run(tmp_path, tmp_path / "b", 1, CHECKPOINT_LOCAL_DIR="")
+    assert infos[0]["resumed_from"] != f"checkpoint-{caught}"
+    assert not (persistent / f"checkpoint-{caught}" / INCOMPLETE_SENTINEL).exists()
+    complete = [e.step for e in layout.scan(persistent) if e.complete]
+    assert all((persistent / f"checkpoint-{s}" / MANIFEST_FILE).exists() for s in complete)
+    assert_same_final(reference[1], tmp_path / "b", 1)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_s3_through_the_core_storage(tmp_path: Path, s3, reference: dict[int, Path], n: int):
+    """s3:// goes through the core's S3 tier: one process writes orbax's checkpoint into the
+    upload staging directory; several write their own parts (orbax needs one shared directory)."""
+    fs, _ = s3
+    uri = f"s3://{BUCKET}/jax-{n}"
+    env = {"CHECKPOINT_URI": uri, "CHECKPOINT_LOCAL_DIR": ""}
+    run(tmp_path, tmp_path / "a", n, steps=20, **env)
+    prefix = f"{BUCKET}/jax-{n}"
+    manifest = Manifest.from_json(fs.cat(f"{prefix}/checkpoint-14/{MANIFEST_FILE}"))
+    assert manifest.extra["kubeckpt"]["format"] == ("orbax" if n == 1 else "local")
+    for entry in manifest.files:
+        assert fs.size(f"{prefix}/checkpoint-14/{entry.path}") == entry.size
+    infos = run(tmp_path, tmp_path / "b", n, **env)
+    assert {(i["resumed_from"], i["resumed_tier"]) for i in infos} == {
+        ("checkpoint-14", "persistent")
+    }
+    assert_same_final(reference[n], tmp_path / "b", n)

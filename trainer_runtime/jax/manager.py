@@ -1,0 +1,359 @@
+"""CheckpointManager: the one object a JAX training loop adopts.
+
+    jax.distributed.initialize()              # when there are several processes
+    mgr = CheckpointManager.from_env(total_steps=total)
+    state, step = mgr.restore(state)          # the given state, or the newest checkpoint's
+    while step < total:
+        state, loss = train_step(state, batch)
+        step += 1
+        if mgr.step_end(step, state, loss=loss):
+            break                             # a just-in-time checkpoint was saved
+    mgr.close()
+    sys.exit(mgr.exit_code)
+
+The state is any pytree of jax.Arrays (global or process-local), numpy arrays and Python scalars:
+a flax TrainState, an optax state, the data position and the PRNG key together. This is the JAX
+adapter of the save protocol (trainer_runtime.protocol), beside the torch and HF ones: it supplies
+the agreement (the coordination service's key-value store, agreement.py), staging (a copy of every
+array, so a step that donates its input buffers cannot change what is being written), the writers
+(orbax for the persistent tier, a per-process raw format for the ramdisk) and the loader.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..config import Config
+from ..contract import PREEMPTED_EXIT_CODE, Manifest, checkpoint_dir_name
+from ..protocol import Checkpointer, Report, SaveResult
+from ..protocol.resume import same_world_size
+from ..storage import LocalTier, Tier
+from . import local_format, orbax_format
+from .agreement import groups, member
+
+log = logging.getLogger("trainer_runtime.jax")
+
+FRAMEWORK = "jax"
+
+__all__ = ["CheckpointManager"]
+
+
+def _paths(tree: Any) -> tuple[list[str], list[Any]]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [jax.tree_util.keystr(p) for p, _ in flat], [leaf for _, leaf in flat]
+
+
+def _copy(leaf: Any) -> Any:
+    """A copy no later step can change: a step that donates its inputs reuses their buffers."""
+    if isinstance(leaf, jax.Array):
+        return leaf.copy()
+    if isinstance(leaf, np.ndarray):
+        return leaf.copy()
+    return leaf
+
+
+class _JaxSave:
+    """One staged save: the protocol's `Staged` for JAX."""
+
+    def __init__(self, mgr: CheckpointManager, paths: list[str], leaves: list[Any]) -> None:
+        self.mgr = mgr
+        self.paths = paths
+        self.leaves = leaves
+
+    def prepare(self) -> None:
+        jax.block_until_ready([x for x in self.leaves if isinstance(x, jax.Array)])
+
+    def write(self, tier: Tier, directory: Path) -> list[local_format.WrittenFile]:
+        if self.mgr._format(tier) == "orbax":
+            return orbax_format.write(directory, self.mgr.rank, self.paths, self.leaves)
+        return local_format.write_process(directory, self.mgr.rank, self.paths, self.leaves)
+
+
+class _JaxLoader:
+    """The protocol's `Loader`: JAX arrays are immutable, so `apply` builds a new state and
+    touches nothing live; the manager hands it back from `restore`."""
+
+    def __init__(self, mgr: CheckpointManager, target: Any) -> None:
+        self.mgr = mgr
+        self.paths, self.targets = _paths(target)
+        self.treedef = jax.tree_util.tree_structure(target)
+        self.state: Any = None
+
+    def prepare(self, path: Path, manifest: Manifest, tier: Tier) -> Any:
+        fmt = _manifest_format(manifest)
+        if manifest.world_size != self.mgr.world_size:
+            raise ValueError(
+                f"written by {manifest.world_size} processes, restoring on {self.mgr.world_size}"
+            )
+        if fmt == "orbax":
+            orbax_format.check(path, self.paths)
+            return fmt, None
+        leaves = local_format.read_index(path, self.mgr.rank)
+        if [d["path"] for d in leaves] != self.paths:
+            raise ValueError("the checkpoint's state has another structure than the one to restore")
+        return fmt, leaves
+
+    def apply(self, prepared: Any, path: Path, manifest: Manifest, tier: Tier) -> None:
+        fmt, leaves = prepared
+        if fmt == "orbax":
+            values = orbax_format.read(path, self.targets)
+        else:
+            values = local_format.read_process(path, self.mgr.rank, leaves, self.targets)
+        self.state = jax.tree_util.tree_unflatten(self.treedef, values)
+
+
+def _manifest_format(manifest: Manifest) -> str:
+    info = manifest.extra.get("kubeckpt", {})
+    return info.get("format", "orbax") if isinstance(info, dict) else "orbax"
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        total_steps: int | None = None,
+        total_epochs: int | None = None,
+    ) -> None:
+        self.config = config
+        self.enabled = config.enabled
+        me = member(config.settings.local_dir)
+        self.rank = me.rank
+        self.world_size = me.world_size
+        # Three namespaces, as torch has three groups: the per-step question, the writer thread's
+        # save, the stop watcher's.
+        self._comm, self._io, self._ctl = groups(self.enabled)
+        self._ckpt = Checkpointer(
+            config,
+            framework=FRAMEWORK,
+            comm=self._comm,
+            io=self._io,
+            me=me,
+            total_steps=total_steps,
+            total_epochs=total_epochs,
+            manifest_extra=self._manifest_extra,
+        )
+        self.epoch = 0
+        self.step = 0
+        self._closed = False
+        self._last_report: tuple[Any, Any, Any] = (None, None, None)
+        atexit.register(self._at_exit)
+        # JAX has no optimizer hook to hold updates with, so the watcher does not save on its
+        # own: it spreads a stop to every process's next step boundary (protocol/watcher.py).
+        self._ckpt.start_watcher(self._ctl, None)
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        total_steps: int | None = None,
+        total_epochs: int | None = None,
+        environ: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> CheckpointManager:
+        """Everything from the environment DESIGN.md defines; keyword overrides win."""
+        return cls(
+            config=Config.from_env(environ, **overrides),
+            total_steps=total_steps,
+            total_epochs=total_epochs,
+        )
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the protocol's state
+
+    @property
+    def persistent(self) -> Tier | None:
+        return self._ckpt.persistent
+
+    @property
+    def local(self) -> LocalTier | None:
+        return self._ckpt.local
+
+    @property
+    def progress(self) -> Any:
+        return self._ckpt.progress
+
+    @property
+    def stopped(self) -> bool:
+        return self._ckpt.stopped
+
+    @property
+    def last_result(self) -> SaveResult | None:
+        return self._ckpt.last_result
+
+    @property
+    def last_error(self) -> str | None:
+        return self._ckpt.last_error
+
+    @property
+    def failed_saves(self) -> int:
+        return self._ckpt.failed_saves
+
+    @property
+    def resumed_from(self) -> str | None:
+        """ "checkpoint-<step>" this process resumed from."""
+        restored = self._ckpt.resumed
+        return checkpoint_dir_name(restored.step) if restored else None
+
+    @property
+    def resumed_tier(self) -> str | None:
+        """ "local" or "persistent"."""
+        restored = self._ckpt.resumed
+        return restored.tier.name if restored else None
+
+    @property
+    def exit_code(self) -> int:
+        """0, or PREEMPTED_EXIT_CODE (143) after a just-in-time stop, so that the job controller
+        restarts the job instead of counting the preempted pod a success."""
+        return PREEMPTED_EXIT_CODE if self.stopped else 0
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, state: Any) -> tuple[Any, int]:
+        """(state, step): the newest complete checkpoint every process can load, built like
+        `state` (same structure, each array on the target's sharding; `jax.ShapeDtypeStruct`
+        leaves with a sharding will do), or `state` itself and 0 when there is none.
+
+        Every process agrees on one step: a process whose local copy is missing or corrupt makes
+        all of them use another checkpoint, never a different step each.
+        """
+        own = same_world_size(self._ckpt.me, needs=local_format.index_file(self.rank))
+        loader = _JaxLoader(self, state)
+        restored = self._ckpt.restore(loader, local_usable=own)
+        if restored is None:
+            return state, 0
+        self.step = restored.step
+        self.epoch = restored.manifest.epoch
+        return loader.state, restored.step
+
+    # ------------------------------------------------------------------ per step
+
+    def step_end(
+        self,
+        step: int,
+        state: Any,
+        *,
+        epoch: int | None = None,
+        loss: Any = None,
+        learning_rate: Any = None,
+        metrics: Mapping[str, Any] | None = None,
+        end_of_epoch: bool = False,
+    ) -> bool:
+        """Call after each optimizer step with the number of steps done and the new state. Saves
+        when due; returns True when the loop must stop (a just-in-time checkpoint was taken, or
+        its attempt ended). `loss` may be a jax.Array: it is read only on progress writes."""
+        if self.stopped:
+            self._ckpt.after_stop()
+            return True
+        self.step = step
+        if epoch is not None:
+            self.epoch = epoch
+        self._ckpt.epoch = self.epoch
+        self._last_report = (loss, learning_rate, metrics)
+        decision = self._ckpt.decide(step, end_of_epoch=end_of_epoch)
+        if decision.stop:
+            if self._ckpt.stop_owner != "watcher":
+                self._ckpt.stop(step, lambda: self._stage(state))
+            self._write_progress(step, loss, learning_rate, metrics, final=True)
+            return True
+        if decision.persistent or decision.local:
+            blocking = not self.config.async_save
+            self._ckpt.save(
+                step,
+                lambda: self._stage(state),
+                persistent=decision.persistent,
+                local=decision.local,
+                blocking=blocking,
+            )
+        if self.progress.due(step):
+            self._write_progress(step, loss, learning_rate, metrics)
+        return False
+
+    def save(self, step: int, state: Any, *, blocking: bool = True) -> SaveResult | None:
+        """Save now to the persistent tier (every process must call it at the same step)."""
+        self.step = step
+        return self._ckpt.save(step, lambda: self._stage(state), blocking=blocking)
+
+    def wait(self) -> SaveResult | None:
+        """Block until the save in flight (if any) is durable or has failed; its result."""
+        return self._ckpt.session.wait()
+
+    def _stage(self, state: Any) -> _JaxSave:
+        paths, leaves = _paths(state)
+        return _JaxSave(self, paths, [_copy(x) for x in leaves])
+
+    def _format(self, tier: Tier) -> str:
+        """orbax for the persistent tier where every process writes into one directory (a shared
+        path, or a single process); elsewhere (the ramdisk, `s3://` staged per node) each
+        process's own part in the per-process format, which the core's storage uploads."""
+        if tier.name == "persistent" and (isinstance(tier, LocalTier) or self.world_size == 1):
+            return "orbax"
+        return "local"
+
+    def _manifest_extra(self, tier: Tier, reports: list[Report]) -> dict[str, Any]:
+        return {
+            "kubeckpt": {
+                "format": self._format(tier),
+                "ranks": sorted(r.rank for r in reports),
+                "jax": jax.__version__,
+            }
+        }
+
+    # ------------------------------------------------------------------ progress and shutdown
+
+    def _write_progress(
+        self,
+        step: int,
+        loss: Any,
+        learning_rate: Any,
+        metrics: Mapping[str, Any] | None,
+        *,
+        final: bool = False,
+    ) -> None:
+        if not self.progress.enabled:
+            return
+        self._ckpt.write_progress(self._record(step, loss, learning_rate, metrics), final=final)
+
+    def _record(
+        self, step: int, loss: Any, learning_rate: Any, metrics: Mapping[str, Any] | None
+    ) -> Any:
+        timer = self._ckpt.timer
+        return self.progress.build(
+            step,
+            epoch=self.epoch,
+            loss=None if loss is None else float(loss),
+            learning_rate=None if learning_rate is None else float(learning_rate),
+            step_seconds=timer.step_seconds,
+            eta_seconds=timer.eta_seconds(step, self.progress.total_steps),
+            metrics=dict(metrics or {}),
+        )
+
+    def close(self) -> None:
+        """Wait for the save in flight, write the final progress record and the termination
+        message, and remove signal handlers. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._at_exit)
+        self._ckpt.close(final=None if self.stopped else self._final_record)
+
+    def _final_record(self) -> Any:
+        if not self.progress.enabled:
+            return None
+        return self._record(self.step, *self._last_report)
+
+    def _at_exit(self) -> None:
+        if not self._closed and not self.stopped:
+            self._write_progress(self.step, *self._last_report, final=True)
