@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -117,13 +118,25 @@ def _wait_for_step(root: Path, step: int, procs, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("n", [1, 2])
-def test_sigterm_to_one_process_saves_all_at_one_step_and_resume_is_exact(
-    tmp_path: Path, reference: dict[int, Path], n: int
+def _prestop(control: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "trainer_runtime.prestop", f"--control-dir={control}"]
+    return subprocess.run(
+        [*argv, f"--timeout={timeout}"], capture_output=True, text=True, timeout=timeout + 30
+    )
+
+
+@pytest.mark.parametrize(("n", "how"), [(1, "sigterm"), (2, "sigterm"), (2, "prestop")])
+def test_a_stop_on_one_process_saves_all_at_one_step_and_resume_is_exact(
+    tmp_path: Path, reference: dict[int, Path], n: int, how: str
 ) -> None:
     procs = launch(tmp_path, tmp_path / "a", n, sleep=0.2)
     _wait_for_step(tmp_path, 10, procs)
-    procs[-1].send_signal(signal.SIGTERM)  # the last process only: the others learn it agreed
+    # The last process's pod only: the others learn it through the agreement.
+    if how == "sigterm":
+        procs[-1].send_signal(signal.SIGTERM)
+    else:
+        hook = _prestop(tmp_path / f"control-{n - 1}")
+        assert hook.returncode == 0, hook.stdout + hook.stderr  # answered: saved
     codes = [finish(p, timeout=120) for p in procs]
     infos = [json.loads((tmp_path / "a" / f"exit-{k}.json").read_text()) for k in range(n)]
     assert codes == [143] * n, [tail_of(p) for p in procs]  # preempted: the job restarts
@@ -133,6 +146,9 @@ def test_sigterm_to_one_process_saves_all_at_one_step_and_resume_is_exact(
     assert 10 <= stop < STEPS
     manifest = read_manifest(tmp_path / "persistent" / f"checkpoint-{stop}")
     assert manifest.world_size == n and manifest.extra["kubeckpt"]["format"] == "orbax"
+    if how == "prestop":
+        done = json.loads((tmp_path / f"control-{n - 1}" / "checkpoint-done").read_text())
+        assert done["step"] == stop and done["checkpoint"].endswith(f"checkpoint-{stop}")
 
     infos = run(tmp_path, tmp_path / "b", n)
     assert {(i["resumed_from"], i["resumed_tier"]) for i in infos} == {
