@@ -172,11 +172,14 @@ def test_two_processes_resume_from_the_local_tier_and_exactly(
     assert_same_final(reference[2], tmp_path / "b", 2)
 
 
+@pytest.mark.parametrize("wiped", [(0, 1), (1,)])
 def test_local_tier_wiped_restores_from_persistent(
-    tmp_path: Path, reference: dict[int, Path]
+    tmp_path: Path, reference: dict[int, Path], wiped: tuple[int, ...]
 ) -> None:
+    """Every ramdisk wiped, or one pod's only (a replaced pod): both restore the persistent 14,
+    never process 0 its local 18 and process 1 something else."""
     run(tmp_path, tmp_path / "a", 2, steps=20)
-    for k in range(2):
+    for k in wiped:
         remove_tree(tmp_path / f"local-{k}" / "checkpoint-18")
     infos = run(tmp_path, tmp_path / "b", 2)
     assert {(i["resumed_from"], i["resumed_tier"]) for i in infos} == {
