@@ -20,8 +20,10 @@ def parse_review(body: bytes) -> dict[str, Any]:
     """Return the review's `request`, or raise BadReview naming what is wrong."""
     try:
         review = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadReview(f"malformed JSON: {e}") from None
+    except RecursionError:  # deeper than the parser's stack: not a review anyone sends
+        raise BadReview("malformed JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, invalid UTF-8, an integer over 4300 digits
+        raise BadReview(f"malformed JSON: {str(e)[:200]}") from None
     if not isinstance(review, dict):
         raise BadReview(f"an AdmissionReview must be a JSON object, got {type(review).__name__}")
     if review.get("kind") != "AdmissionReview":

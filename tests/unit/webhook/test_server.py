@@ -201,3 +201,35 @@ async def test_no_input_produces_a_500(obj: object, uid: object, kind: object) -
     async with TestClient(TestServer(make_app(view()))) as c:
         resp = await c.post("/mutate", json=body)
         assert resp.status in (200, 400)
+
+
+def _nested(depth: int, open_: str, close: str) -> bytes:
+    return (open_ * depth + close * depth).encode()
+
+
+hostile_bodies = st.one_of(
+    st.binary(max_size=64),  # anything, invalid UTF-8 included
+    st.integers(1, 200_000).map(lambda d: _nested(d, "[", "]")),  # past the parser's recursion
+    st.integers(1, 50_000).map(lambda d: _nested(d, '{"a":', "}")[:-1] + b"1" + b"}" * d),
+    st.integers(4_000, 60_000).map(lambda n: b'{"kind": ' + b"9" * n + b"}"),  # over int limit
+    st.sampled_from([b"NaN", b"-Infinity", b"1e999999", b'{"kind": 1e999}', b"\xef\xbb\xbf{}"]),
+    st.text(max_size=40).map(  # duplicate keys: the last one wins, as in Go
+        lambda t: (
+            '{"kind":"AdmissionReview","kind":' + json.dumps(t) + ',"apiVersion":'
+            '"admission.k8s.io/v1","request":{"uid":"u","uid":' + json.dumps(t) + "}}"
+        ).encode()
+    ),
+)
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=hostile_bodies)
+async def test_no_body_produces_a_5xx_or_stops_the_server(body: bytes) -> None:
+    async with TestClient(TestServer(make_app(view()))) as c:
+        resp = await c.post("/mutate", data=body, headers={"Content-Type": "application/json"})
+        assert resp.status in (200, 400, 413), (resp.status, body[:80])
+        if resp.status == 400:
+            assert "error" in await resp.json()
+        assert (await c.get("/healthz")).status == 200  # still serving
