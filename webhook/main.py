@@ -23,10 +23,7 @@ from pathlib import Path
 
 from reconciler.client import Client
 
-from .cert_store import ClientSecretStore
-from .certs import CertConfig, CertManager
-from .certs_files import FileCertSource
-from .certs_tls import ServingTLS
+from .certs import CertConfig, CertManager, ClientSecretStore, FileCertSource, ServingTLS
 from .informer_view import InformerView
 from .mutation import DEFAULT_RUNTIME_IMAGE
 from .server import Metrics, make_app, serve

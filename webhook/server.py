@@ -154,14 +154,6 @@ def make_app(
     return app
 
 
-def server_ssl_context(certfile: str, keyfile: str) -> ssl.SSLContext:
-    """TLS 1.2+ server context (the certificate manager reloads chains into the same context)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(certfile, keyfile)
-    return ctx
-
-
 async def serve(
     app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None
 ) -> web.AppRunner:

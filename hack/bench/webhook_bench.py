@@ -52,8 +52,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from webhook.certs_pki import issue_serving, make_ca
-from webhook.certs_tls import ServingTLS
+from webhook.certs.pki import issue_serving, make_ca
+from webhook.certs.serving_tls import ServingTLS
 from webhook.server import MAX_BODY_BYTES, Metrics, make_app, serve
 from webhook.view import StaticView
 

@@ -209,10 +209,6 @@ def owned_files(directory: Path, rank: int, claimed_by_others: set[str]) -> list
     return mine
 
 
-def is_dcp_shard(name: str) -> bool:
-    return name.startswith("__") and name.endswith(".distcp")
-
-
 def hash_files(
     directory: Path, names: list[str], known: Iterable[WrittenFile] = ()
 ) -> list[WrittenFile]:

@@ -23,9 +23,8 @@ from localcluster import LocalCluster
 from localcluster.cluster import free_port
 from reconciler.client import Client
 from reconciler.errors import ApiError
-from webhook import certs_pki as pki
-from webhook.cert_store import ClientSecretStore
-from webhook.certs import CA_BUNDLE, CertConfig, CertManager, Conflict, decode_secret_data
+from webhook.certs import CA_BUNDLE, CertConfig, CertManager, Conflict, decode_secret_data, pki
+from webhook.certs.api_store import ClientSecretStore
 
 SECRET = "kubeckpt-webhook-certs"
 LABEL = "kubeckpt.io/certs-test"

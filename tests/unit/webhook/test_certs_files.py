@@ -8,9 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
-from webhook import certs_pki as pki
-from webhook.certs_files import FileCertSource
-from webhook.certs_tls import ServingTLS
+from webhook.certs import pki
+from webhook.certs.mounted_files import FileCertSource
+from webhook.certs.serving_tls import ServingTLS
 
 NOW = dt.datetime.now(dt.UTC)
 

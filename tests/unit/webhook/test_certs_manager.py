@@ -13,7 +13,6 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from webhook import certs_pki as pki
 from webhook.certs import (
     CA_BUNDLE,
     CertConfig,
@@ -21,6 +20,7 @@ from webhook.certs import (
     Conflict,
     StoreError,
     decode_secret_data,
+    pki,
 )
 
 NS, SECRET, MWC = "kubeckpt-system", "kubeckpt-webhook-certs", "kubeckpt-webhook"

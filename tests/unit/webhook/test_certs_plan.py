@@ -8,8 +8,16 @@ import pytest
 from cryptography import x509
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store, VerificationError
 
-from webhook import certs_pki as pki
-from webhook.certs import CA_BUNDLE, CA_KEY, CA_NEXT_KEY, TLS_CERT, TLS_KEY, CertConfig, plan_secret
+from webhook.certs import (
+    CA_BUNDLE,
+    CA_KEY,
+    CA_NEXT_KEY,
+    TLS_CERT,
+    TLS_KEY,
+    CertConfig,
+    pki,
+    plan_secret,
+)
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)

@@ -11,8 +11,8 @@ import pytest
 from cryptography import x509
 
 from localcluster import pki as rsa_pki  # the control plane's helper makes RSA certificates too
-from webhook import certs_pki as pki
-from webhook.certs_tls import ServingTLS
+from webhook.certs import pki
+from webhook.certs.serving_tls import ServingTLS
 
 NOW = dt.datetime.now(dt.UTC)
 NAMES = ("svc.ns.svc",)

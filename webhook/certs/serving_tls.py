@@ -24,7 +24,7 @@ import ssl
 import tempfile
 from collections.abc import Callable, Iterator
 
-from .certs_pki import CertificateError, CertInfo, check_pair, load_certs
+from .pki import CertificateError, CertInfo, check_pair, load_certs
 
 log = logging.getLogger("kubeckpt.webhook.certs")
 

@@ -11,7 +11,7 @@ from reconciler.client import Client
 from reconciler.errors import ApiError, KubeError, NotFound
 from reconciler.errors import Conflict as ApiConflict
 
-from .certs_store import Conflict, StoreError
+from .store import Conflict, StoreError
 
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 FIELD_MANAGER = "kubeckpt-webhook"

@@ -28,8 +28,8 @@ import logging
 import os
 from pathlib import Path
 
-from .certs_pki import CertificateError
-from .certs_tls import ServingTLS
+from .pki import CertificateError
+from .serving_tls import ServingTLS
 
 log = logging.getLogger("kubeckpt.webhook.certs")
 

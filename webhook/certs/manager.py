@@ -6,8 +6,8 @@ change notification):
 - self-managed (default), `CertManager`: the webhook keeps a CA and a serving certificate in a
   Secret, writes the CA bundle into the MutatingWebhookConfiguration's caBundle, and renews before
   expiry. Several replicas share the Secret.
-- cert-manager, `FileCertSource` (webhook.certs_files): serve the mounted `tls.crt`/`tls.key` and
-  reload them when the kubelet swaps the volume.
+- cert-manager, `FileCertSource` (webhook.certs.mounted_files): serve the mounted `tls.crt` and
+  `tls.key` and reload them when the kubelet swaps the volume.
 
 The Secret (type kubernetes.io/tls) holds:
 
@@ -65,26 +65,12 @@ from typing import Any
 
 from cryptography import x509
 
-from . import certs_pki as pki
-from .certs_files import FileCertSource
-from .certs_pki import CertificateError, CertInfo, KeyPair
-from .certs_store import Conflict, SecretStore, StoreError
-from .certs_tls import ServingTLS
+from . import pki
+from .pki import CertificateError, CertInfo, KeyPair
+from .serving_tls import ServingTLS
+from .store import Conflict, SecretStore, StoreError
 
-__all__ = [
-    "CertConfig",
-    "CertInfo",
-    "CertManager",
-    "CertificateError",
-    "Conflict",
-    "FileCertSource",
-    "Plan",
-    "ReconcileResult",
-    "SecretStore",
-    "ServingTLS",
-    "StoreError",
-    "plan_secret",
-]
+__all__ = ["CertConfig", "CertManager", "Plan", "ReconcileResult", "plan_secret"]
 
 log = logging.getLogger("kubeckpt.webhook.certs")
 

@@ -1,6 +1,6 @@
 """The few API-server operations certificate management needs, as a protocol.
 
-`webhook.cert_store.ClientSecretStore` implements it on the reconciler library's client. Tests
+`webhook.certs.api_store.ClientSecretStore` implements it on the reconciler library's client. Tests
 use an in-memory fake.
 """
 
