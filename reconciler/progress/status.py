@@ -10,6 +10,7 @@ would be wrong); every condition has a reason and a message.
 from __future__ import annotations
 
 import copy
+import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -72,12 +73,32 @@ _CHECKPOINTING_FIELDS: dict[str, tuple[str, int]] = {
 RECORD_KEYS = (*_FIELDS, "checkpointing")
 
 
+# Control, format (bidi overrides, zero-width), surrogate, private-use and line/paragraph
+# separator characters: a progress file is written by user code, and what it holds reaches
+# `kubectl describe` and Events; these could rewrite a terminal or hide text there.
+_UNSAFE = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
+
+
+def printable(text: str) -> str:
+    """`text` with every unsafe character written as an escape (\\x1b, \\u202e)."""
+    if all(unicodedata.category(ch) not in _UNSAFE for ch in text):
+        return text
+    return "".join(
+        ch
+        if unicodedata.category(ch) not in _UNSAFE
+        else (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+        for ch in text
+    )
+
+
 def _fit(spec: dict[str, tuple[str, int]], data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, (kind, limit) in spec.items():
         if key not in data or data[key] is None:
             continue
         value = data[key]
+        if kind == "text":
+            value = printable(value)
         if kind in ("decimal", "text") and len(value) > limit:
             if kind == "decimal":
                 continue
@@ -105,6 +126,7 @@ def set_condition(
     conds: list[dict[str, Any]], type_: str, status: str, reason: str, message: str, now: datetime
 ) -> list[dict[str, Any]]:
     """A new list with `type_` set; lastTransitionTime kept unless the status changed."""
+    message = printable(message)
     if len(message) > MAX_CONDITION_MESSAGE:
         message = message[: MAX_CONDITION_MESSAGE - 3] + "..."
     old = condition(conds, type_)
@@ -158,6 +180,13 @@ class Event:
     type: str  # Normal / Warning
     reason: str
     message: str
+
+    def __post_init__(self) -> None:
+        # Built from a progress file's strings: escaped and bounded like condition messages.
+        message = printable(self.message)
+        if len(message) > MAX_CONDITION_MESSAGE:
+            message = message[: MAX_CONDITION_MESSAGE - 3] + "..."
+        object.__setattr__(self, "message", message)
 
 
 @dataclass
