@@ -207,5 +207,10 @@ async def _read(
         elif channel == ERROR and len(error_bytes) < 65536:
             error_bytes += payload
     if error_bytes:
-        status = json.loads(bytes(error_bytes))
+        try:
+            status = json.loads(bytes(error_bytes))
+        except ValueError:
+            raise ExecError(f"unreadable exit status: {bytes(error_bytes[:200])!r}") from None
+        if not isinstance(status, dict):
+            raise ExecError(f"unreadable exit status: {bytes(error_bytes[:200])!r}")
     return status
