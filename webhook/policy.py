@@ -8,10 +8,11 @@ or built by hand in a test, behaves the same.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from kubernetes.utils import parse_quantity as k8s_parse_quantity
 
 from trainer_runtime.contract import STRATEGIES, ContractError, parse_duration
 
@@ -19,9 +20,6 @@ ANNOTATION_PREFIX = "kubeckpt.io/"
 DEFAULT_MOUNT_PATH = "/mnt/kubeckpt"
 DEFAULT_LOCAL_SIZE = "8Gi"
 MIN_GRACE_SECONDS = 30
-_QUANTITY_RE = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 
 
 @dataclass(frozen=True)
@@ -189,16 +187,16 @@ def apply_overrides(policy: Policy, annotations: Mapping[str, str]) -> tuple[Pol
 
 
 def parse_quantity(text: str) -> int:
-    """Bytes of a Kubernetes quantity such as 64Gi, 500M or 1073741824."""
-    m = _QUANTITY_RE.match(text.strip())
-    if not m:
-        raise ValueError(f"not a quantity: {text!r}")
-    number, suffix = float(m.group(1)), m.group(2)
-    scale = _BINARY.get(suffix or "", _DECIMAL.get(suffix or "", 1))
-    value = math.ceil(number * scale)
-    if value < 1:
+    """Bytes of a Kubernetes quantity such as 64Gi, 500M, 1e9 or 1073741824 (the official
+    client's parser: exact decimals, every suffix and exponent form the API server accepts)."""
+    try:
+        value = k8s_parse_quantity(text.strip())
+    # ArithmeticError: decimal.InvalidOperation, for forms the parser does not expect
+    except (ValueError, ArithmeticError, TypeError) as e:
+        raise ValueError(f"not a quantity: {text!r}") from e
+    if value <= 0:
         raise ValueError(f"must be positive: {text!r}")
-    return value
+    return math.ceil(value)
 
 
 def local_size_limit(policy: Policy, nodes: int) -> str:
