@@ -43,6 +43,7 @@ from .informer import EventHandler, Informer, enqueue_keys
 from .leaderelection import LeaderElectionConfig, LeaderElector
 from .manager import Manager, install_signal_handlers
 from .metrics import Metrics
+from .metrics_auth import MetricsAuth, server_tls
 from .objects import KubeObject, object_key
 from .ratelimit import (
     Backoff,
@@ -85,6 +86,7 @@ __all__ = [
     "Manager",
     "MaxOfRateLimiter",
     "Metrics",
+    "MetricsAuth",
     "NotFound",
     "RealClock",
     "Request",
@@ -117,5 +119,6 @@ __all__ = [
     "own_object",
     "owner_index",
     "owner_of",
+    "server_tls",
     "status_patch",
 ]

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from .events import EventRecorder
 from .informer import Informer
 from .leaderelection import LeaderElectionConfig, LeaderElector
 from .metrics import Metrics
+from .metrics_auth import MetricsAuth
 from .resources import ResourceClient
 
 log = logging.getLogger(__name__)
@@ -47,13 +49,22 @@ class Manager:
         port: int | None = 8081,
         drain_timeout: float = 10.0,
         metrics: Metrics | None = None,
+        metrics_port: int | None = None,
+        metrics_tls: ssl.SSLContext | None = None,
+        metrics_auth: MetricsAuth | None = None,
     ) -> None:
+        """`metrics_port`: serve /metrics there instead of beside the probes, over TLS with
+        `metrics_tls` and, with `metrics_auth`, only to callers the API server allows
+        (metrics_auth.py). The probes stay plain HTTP on `port`: the kubelet probes them."""
         self.client = client
         self.name = name
         self.metrics = metrics or Metrics()
         self.metrics.client = client
         self.host = host
         self.port = port
+        self.metrics_port = metrics_port
+        self.metrics_tls = metrics_tls
+        self.metrics_auth = metrics_auth
         self.drain_timeout = drain_timeout
         self.elector = (
             LeaderElector(client, leader_election) if leader_election is not None else None
@@ -67,7 +78,9 @@ class Manager:
         self._runnables: list[Runnable] = []
         self._stop = asyncio.Event()
         self._runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
         self.bound_port: int | None = None
+        self.bound_metrics_port: int | None = None
         self._leading = False
 
     # --- building ---
@@ -202,21 +215,35 @@ class Manager:
 
     # --- http ---
     async def _start_http(self) -> None:
-        if self.port is None:
-            return
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        self.bound_port = self._runner.addresses[0][1]  # the real one when port is 0
+        if self.port is not None:
+            app = web.Application()
+            app.router.add_get("/healthz", self._healthz)
+            app.router.add_get("/readyz", self._readyz)
+            if self.metrics_port is None:
+                app.router.add_get("/metrics", self._metrics)
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, self.host, self.port).start()
+            self.bound_port = self._runner.addresses[0][1]  # the real one when port is 0
+        if self.metrics_port is not None:
+            app = web.Application()
+            handler = self._metrics
+            if self.metrics_auth is not None:
+                handler = self.metrics_auth.protect(handler)  # type: ignore[assignment]
+            app.router.add_get("/metrics", handler)
+            self._metrics_runner = web.AppRunner(app, access_log=None)
+            await self._metrics_runner.setup()
+            site = web.TCPSite(
+                self._metrics_runner, self.host, self.metrics_port, ssl_context=self.metrics_tls
+            )
+            await site.start()
+            self.bound_metrics_port = self._metrics_runner.addresses[0][1]
 
     async def _stop_http(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        for runner in (self._runner, self._metrics_runner):
+            if runner is not None:
+                await runner.cleanup()
+        self._runner = self._metrics_runner = None
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -7,7 +7,8 @@
                      [--runtime-image kubeckpt/kubeckpt:<version>] ...
 
 In-cluster it reads the service-account token; with --kubeconfig it uses that file. It serves
-/mutate, /healthz, /readyz and /metrics over TLS on one port.
+/mutate, /healthz, /readyz and /metrics over TLS on one port; /metrics only to callers the API
+server allows to get it (--no-metrics-auth: to anyone).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 from reconciler.client import Client
+from reconciler.metrics_auth import MetricsAuth
 
 from .certs import CertConfig, CertManager, ClientSecretStore, FileCertSource, ServingTLS
 from .informer_view import InformerView
@@ -72,6 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="image of the zero-code init container (instrumentation.auto); it must hold "
         "trainer_runtime, as this controller image does (env KUBECKPT_RUNTIME_IMAGE)",
     )
+    ap.add_argument(
+        "--metrics-auth",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve /metrics only to callers the API server allows to get it (default); "
+        "--no-metrics-auth: to anyone who reaches the port, for local development",
+    )
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     return ap.parse_args(argv)
 
@@ -105,6 +114,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             metrics=Metrics(),
             has_certificate=tls.has_certificate,
             runtime_image=args.runtime_image,
+            metrics_auth=MetricsAuth(client) if args.metrics_auth else None,
         )
         await tls.wait_ready()
         runner = await serve(app, args.bind_address, args.port, tls.context)

@@ -17,6 +17,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from reconciler.metrics_auth import MetricsAuth
 from trainer_runtime.contract.jobkinds import job_identity
 from trainer_runtime.contract.optin import select_policy
 
@@ -87,6 +88,7 @@ def make_app(
     metrics: Metrics | None = None,
     has_certificate: Callable[[], bool] = lambda: True,
     runtime_image: str = DEFAULT_RUNTIME_IMAGE,
+    metrics_auth: MetricsAuth | None = None,
 ) -> web.Application:
     m = metrics or Metrics()
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -150,7 +152,10 @@ def make_app(
     app.router.add_post("/mutate", mutate_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_handler)
+    # Per-job loss and the request mix: only for callers the API server allows (metrics_auth).
+    app.router.add_get(
+        "/metrics", metrics_auth.protect(metrics_handler) if metrics_auth else metrics_handler
+    )
     return app
 
 

@@ -247,7 +247,10 @@ async def main() -> None:
                     str(cluster.kubeconfig),
                     "--no-leader-elect",
                     "--port",
+                    "0",
+                    "--metrics-port",  # plain HTTP: the bench reads its own counters
                     str(port),
+                    "--no-metrics-secure",
                     "--log-level",
                     "WARNING",
                     *args.extra,

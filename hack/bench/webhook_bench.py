@@ -782,7 +782,10 @@ def part_cluster(args: argparse.Namespace) -> None:
         port = free_port()
         cluster.kubectl("create", "namespace", WEBHOOK_NS, check=False)
         cluster.apply(local_webhook_configuration(port))
-        hook = WebhookProcess(cluster, port, logdir / "webhook.log")
+        # The bench reads the server's own latency histogram from /metrics: open to it.
+        hook = WebhookProcess(
+            cluster, port, logdir / "webhook.log", extra_args=("--no-metrics-auth",)
+        )
         hook.start()
         cluster.kubectl("create", "namespace", inject_ns)
         cluster.kubectl("label", "namespace", inject_ns, "kubeckpt.io/inject=enabled")

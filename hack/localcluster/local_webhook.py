@@ -38,6 +38,7 @@ class WebhookProcess:
         kubeconfig: Path | None = None,
         mwc_name: str = MWC_NAME,
         secret: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.cluster = cluster
         self.port = port
@@ -45,6 +46,7 @@ class WebhookProcess:
         self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.mwc_name = mwc_name
         self.secret = secret  # None: the webhook's default Secret name
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -64,6 +66,7 @@ class WebhookProcess:
                 f"--webhook-config={self.mwc_name}",
                 "--extra-ip=127.0.0.1",
                 *([f"--secret={self.secret}"] if self.secret else []),
+                *self.extra_args,
             ],
             stdout=self.log.open("ab"),
             stderr=subprocess.STDOUT,

@@ -13,6 +13,7 @@ from reconciler.client import Client
 from reconciler.config import load_config, load_kubeconfig
 from reconciler.leaderelection import LeaderElectionConfig
 from reconciler.manager import Manager, install_signal_handlers
+from reconciler.metrics_auth import MetricsAuth, server_tls
 
 from .controller import ProgressController
 from .schedule import ExecLimiter, PollSettings
@@ -37,8 +38,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lease-duration", type=float, default=15.0)
     ap.add_argument("--renew-deadline", type=float, default=10.0)
     ap.add_argument("--retry-period", type=float, default=2.0)
-    ap.add_argument("--bind-address", default="0.0.0.0", help="for /healthz /readyz /metrics")
-    ap.add_argument("--port", type=int, default=8081)
+    ap.add_argument("--bind-address", default="0.0.0.0", help="for the probes and /metrics")
+    ap.add_argument("--port", type=int, default=8081, help="/healthz and /readyz (plain HTTP)")
+    ap.add_argument("--metrics-port", type=int, default=8443, help="/metrics")
+    ap.add_argument(
+        "--metrics-secure",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="HTTPS, and only for callers the API server allows to get /metrics (default); "
+        "--no-metrics-secure: plain HTTP for anyone, for local development",
+    )
+    ap.add_argument(
+        "--metrics-cert-dir",
+        default="",
+        help="tls.crt and tls.key for /metrics (default: a self-signed certificate)",
+    )
     d = PollSettings()
     ap.add_argument("--poll-early", type=float, default=d.early, help="seconds, young jobs")
     ap.add_argument("--poll-recent", type=float, default=d.recent, help="seconds, recent steps")
@@ -102,6 +116,9 @@ async def run(args: argparse.Namespace) -> None:
         leader_election=election,
         host=args.bind_address,
         port=args.port,
+        metrics_port=args.metrics_port,
+        metrics_tls=server_tls(args.metrics_cert_dir or None) if args.metrics_secure else None,
+        metrics_auth=MetricsAuth(client) if args.metrics_secure else None,
     )
     ProgressController(
         manager,

@@ -39,7 +39,12 @@ def start(cluster: LocalCluster, ns: str, name: str, port: int, log: Path) -> su
                 "--bind-address",
                 "127.0.0.1",
                 "--port",
+                "0",
+                # Plain HTTP /metrics on `port`: this test reads the counters, not the auth
+                # (tests/integration/progress/test_progress_rbac.py scrapes it securely).
+                "--metrics-port",
                 str(port),
+                "--no-metrics-secure",
                 "--poll-early",
                 "1",
                 "--poll-recent",

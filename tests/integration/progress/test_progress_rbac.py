@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import yaml
 from progress_support import progress, start_job, write_atomic
 
-from localcluster import LocalCluster
+from localcluster import LocalCluster, free_port
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(sys.executable).parent / "kubeckpt-reconciler"
@@ -43,6 +46,7 @@ def test_reconciler_runs_with_exactly_its_role(
         tmp_path / "kubeconfig", "kubeckpt-reconciler", "kubeckpt-system"
     )
     path = start_job(cluster, namespace, "rbac", progress(5))
+    metrics_port = free_port()
     log = tmp_path / "reconciler.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -54,6 +58,10 @@ def test_reconciler_runs_with_exactly_its_role(
                 "kubeckpt-system",
                 "--port",
                 "0",
+                "--bind-address",
+                "127.0.0.1",
+                "--metrics-port",
+                str(metrics_port),
                 "--poll-early",
                 "1",
                 "--poll-recent",
@@ -91,6 +99,7 @@ def test_reconciler_runs_with_exactly_its_role(
             ).stdout
         )
         assert lease["spec"]["holderIdentity"]
+        _metrics_need_a_token_allowed_to_get_them(cluster, kubeconfig, metrics_port)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -132,3 +141,41 @@ def test_default_install_runs_the_reconciler_under_its_account(cluster: LocalClu
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert ("ClusterRoleBinding", "kubeckpt-reconciler") in names
     assert ("RoleBinding", "kubeckpt-reconciler-leader-election") in names
+
+
+def _scrape(port: int, token: str | None) -> tuple[int, str]:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # self-signed: the token matters
+    req = urllib.request.Request(f"https://127.0.0.1:{port}/metrics")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _metrics_need_a_token_allowed_to_get_them(
+    cluster: LocalCluster, kubeconfig: Path, port: int
+) -> None:
+    """/metrics over HTTPS: no token 401, a token without the role 403 (the reconciler's own),
+    a ServiceAccount bound to kubeckpt-metrics-reader (a Prometheus) 200. The reconciler checks
+    them with TokenReview and SubjectAccessReview, which its role allows."""
+    assert _scrape(port, None)[0] == 401
+    own = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+    assert _scrape(port, own)[0] == 403
+    cluster.apply((REPO / "config" / "rbac" / "metrics_reader_role.yaml").read_text())
+    cluster.kubectl("create", "serviceaccount", "prometheus", "-n", "kubeckpt-system", check=False)
+    cluster.kubectl(
+        "create",
+        "clusterrolebinding",
+        "prometheus-kubeckpt-metrics",
+        "--clusterrole=kubeckpt-metrics-reader",
+        "--serviceaccount=kubeckpt-system:prometheus",
+        check=False,
+    )
+    token = cluster.kubectl("create", "token", "prometheus", "-n", "kubeckpt-system").stdout
+    _, text = wait(lambda: (r := _scrape(port, token.strip()))[0] == 200 and r, "200", 15)
+    assert "kubeckpt_training_step" in text, text[:2000]
+    assert _scrape(port, "not-a-token")[0] == 401

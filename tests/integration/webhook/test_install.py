@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ssl
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -41,7 +44,10 @@ def test_overlay_builds_and_default_applies(cluster: LocalCluster, overlay: str)
                 assert sc["readOnlyRootFilesystem"] is True
         if d["kind"] in ("ClusterRole", "Role"):
             for rule in d["rules"]:
-                assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+                assert "*" not in rule["verbs"]
+                # Every rule names resources or (the metrics reader) non-resource URLs.
+                names = rule.get("resources", []) + rule.get("nonResourceURLs", [])
+                assert names and "*" not in names
     if overlay == "config/default":
         # Everything validates on the real API server (cert-manager's CRDs are not installed,
         # so the cert-manager overlay is checked for shape only).
@@ -74,6 +80,21 @@ def test_webhook_runs_with_exactly_its_role(cluster: LocalCluster, tmp_path: Pat
     )
     try:
         proc.start()  # ready: informers synced, certificate from the Secret, caBundle published
+        # /metrics: refused without a token, served to a Prometheus bound to the reader role
+        # (the webhook's own role lets it ask the API server: TokenReview, SubjectAccessReview).
+        assert _scrape(proc.url, None) == 401
+        cluster.apply((REPO / "config" / "rbac" / "metrics_reader_role.yaml").read_text())
+        cluster.kubectl("create", "serviceaccount", "prom", "-n", "kubeckpt-system", check=False)
+        cluster.kubectl(
+            "create",
+            "clusterrolebinding",
+            "prom-kubeckpt-metrics",
+            "--clusterrole=kubeckpt-metrics-reader",
+            "--serviceaccount=kubeckpt-system:prom",
+            check=False,
+        )
+        token = cluster.kubectl("create", "token", "prom", "-n", "kubeckpt-system").stdout.strip()
+        assert _scrape(proc.url, token) == 200
         log = proc.tail()
         assert "forbidden" not in log.lower(), log
     finally:
@@ -92,3 +113,16 @@ def test_webhook_runs_with_exactly_its_role(cluster: LocalCluster, tmp_path: Pat
             check=False,
         )
         assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), args
+
+
+def _scrape(url: str, token: str | None) -> int:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    req = urllib.request.Request(url + "/metrics")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
