@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..contract import format_checksum, hash_file, preferred_checksum
+from ..fsutil import fsync_dir, fsync_file
 from .local_format import WrittenFile
 
 ITEM = "state"
@@ -44,6 +45,11 @@ def write(directory: Path, rank: int, paths: list[str], leaves: list[Any]) -> li
     """Every process calls it (orbax's save is collective). Process 0 reports orbax's files and
     the index; the others report none."""
     _checkpointer().save(directory / ITEM, _flat(leaves))
+    # orbax leaves its own metadata files (_METADATA, _CHECKPOINT_METADATA, array_metadatas/*,
+    # commit_success.txt) and its final rename unsynced (strace, orbax-checkpoint 0.12.8):
+    # every process makes what it sees durable before the manifest can claim it is.
+    _fsync_tree(directory / ITEM)
+    fsync_dir(directory)
     if rank != 0:
         return []
     index = directory / INDEX
@@ -58,6 +64,13 @@ def write(directory: Path, rank: int, paths: list[str], leaves: list[Any]) -> li
             size, digest = hash_file(path, algorithm)
             out.append(WrittenFile(rel, size, format_checksum(algorithm, digest)))
     return out
+
+
+def _fsync_tree(root: Path) -> None:
+    for here, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            fsync_file(Path(here, name))
+        fsync_dir(here)
 
 
 def check(directory: Path, paths: list[str]) -> None:
