@@ -1,25 +1,54 @@
 """CheckpointPolicy: the effective settings for one pod (policy + validated per-job overrides).
 
 Pure functions over plain dicts (the objects as the API server returns them). The API server
-already applied the CRD's defaults; we apply them again so a policy read from an older CRD version,
-or built by hand in a test, behaves the same.
+already applied the CRD's defaults; the schema (webhook.policy_model, pydantic) applies them again
+so a policy read from an older CRD version, or built by hand in a test, behaves the same. `Policy`
+stays a flat frozen dataclass: the mutation reads a dozen settings and tests build it by hand,
+which the nested spec model would make verbose.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kubernetes.utils import parse_quantity as k8s_parse_quantity
+from pydantic import ValidationError
 
-from trainer_runtime.contract import STRATEGIES, ContractError, parse_duration
+from trainer_runtime.contract import ContractError
+from trainer_runtime.contract.errors import describe
+
+from .policy_model import (
+    DEFAULT_MOUNT_PATH,
+    MIN_GRACE_SECONDS,
+    OVERRIDES,
+    CheckpointPolicy,
+    Overrides,
+    contract_error,
+    error_reason,
+    one_line,
+    parse_quantity,
+)
+
+__all__ = [
+    "ANNOTATION_PREFIX",
+    "DEFAULT_LOCAL_SIZE",
+    "DEFAULT_MOUNT_PATH",
+    "MIN_GRACE_SECONDS",
+    "OVERRIDES",
+    "RESERVED",
+    "Policy",
+    "apply_overrides",
+    "local_size_limit",
+    "parse_quantity",
+    "policy_from_object",
+]
 
 ANNOTATION_PREFIX = "kubeckpt.io/"
-DEFAULT_MOUNT_PATH = "/mnt/kubeckpt"
 DEFAULT_LOCAL_SIZE = "8Gi"
-MIN_GRACE_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -49,131 +78,126 @@ class Policy:
 
 
 def policy_from_object(obj: Mapping[str, Any]) -> Policy:
-    """Build a Policy from a CheckpointPolicy object. Raises ContractError on an unusable one."""
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    storage = spec.get("storage") or {}
-    uri = storage.get("uri")
-    if not isinstance(uri, str) or not uri:
-        raise ContractError("spec.storage.uri is required", field="spec.storage.uri")
-    jit = spec.get("jit") or {}
-    local = spec.get("localTier") or {}
-    progress = spec.get("progress") or {}
-    instr = spec.get("instrumentation") or {}
-    secret = storage.get("secretRef") or {}
-    size = local.get("sizeLimit")
+    """Build a Policy from a CheckpointPolicy object.
+
+    Raises ContractError (a ValueError: what mutation and the policy status controller catch)
+    with one line naming the field, for anything unusable, whatever its shape.
+
+    Results are cached by uid and resourceVersion: validating the model costs a few times what the
+    hand-written parser did (see _parse), and every admission re-reads the same few policies from
+    the informer. An object without both (built by hand) is parsed every time.
+    """
+    if not isinstance(obj, Mapping):
+        raise ContractError("CheckpointPolicy: expected an object")
+    meta = obj.get("metadata")
+    key = None
+    if isinstance(meta, Mapping):
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if isinstance(uid, str) and isinstance(version, str) and uid and version:
+            key = (uid, version)
+    if key is None:
+        return _parse(obj)
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is None:
+        try:
+            hit = _parse(obj)
+        except ContractError as e:
+            hit = (str(e), e.field)
+        with _cache_lock:
+            _cache[key] = hit
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+    if isinstance(hit, Policy):
+        return hit
+    # a fresh exception each time: re-raising a cached one would grow its traceback
+    raise ContractError(hit[0], field=hit[1])
+
+
+# (uid, resourceVersion) -> Policy, or (message, field) of the ContractError. A new
+# resourceVersion is a new key, so entries never go stale; old ones fall out in insertion order.
+_CACHE_SIZE = 512
+_cache: OrderedDict[tuple[str, str], Policy | tuple[str, str | None]] = OrderedDict()
+_cache_lock = threading.Lock()  # both callers are asyncio today; cheap insurance for threads
+
+
+def _parse(obj: Mapping[str, Any]) -> Policy:
+    try:
+        model = CheckpointPolicy.model_validate(obj)
+    except ValidationError as e:
+        raise contract_error(e) from None
+    meta, spec = model.metadata, model.spec
+    secret = spec.storage.secret_ref
     return Policy(
-        name=str(meta.get("name", "")),
-        namespace=str(meta.get("namespace", "")),
-        storage_uri=uri,
-        mount_path=str(storage.get("mountPath") or DEFAULT_MOUNT_PATH).rstrip("/") or "/",
-        secret_name=secret.get("name") or None,
-        interval_seconds=_interval_seconds(str(spec.get("interval", "5m")), "spec.interval"),
-        strategy=str(spec.get("strategy", "time")),
-        save_steps=spec.get("saveSteps"),
-        max_checkpoints=int(spec.get("maxCheckpoints", 3)),
-        resume=bool(spec.get("resume", True)),
-        jit=bool(jit.get("enabled", True)),
-        max_grace_seconds=int(jit.get("maxGracePeriodSeconds", 300)),
-        local_enabled=bool(local.get("enabled", False)),
-        local_size_limit=None if size is None else str(size),
-        local_model_parameters=local.get("modelParameters"),
-        local_period_steps=int(local.get("periodSteps", 100)),
-        progress_every_steps=int(progress.get("updateEverySteps", 5)),
-        auto_instrumentation=bool(instr.get("auto", False)),
-        selector=spec.get("selector") or {},
-        created=str(meta.get("creationTimestamp", "")),
+        name=meta.name,
+        namespace=meta.namespace,
+        storage_uri=spec.storage.uri,
+        mount_path=spec.storage.mount_path,
+        secret_name=(secret.name if secret else None) or None,
+        interval_seconds=spec.interval_seconds,
+        strategy=spec.strategy,
+        save_steps=spec.save_steps,
+        max_checkpoints=spec.max_checkpoints,
+        resume=spec.resume,
+        jit=spec.jit.enabled,
+        max_grace_seconds=spec.jit.max_grace_period_seconds,
+        local_enabled=spec.local_tier.enabled,
+        local_size_limit=spec.local_tier.size_limit,
+        local_model_parameters=spec.local_tier.model_parameters,
+        local_period_steps=spec.local_tier.period_steps,
+        progress_every_steps=spec.progress.update_every_steps,
+        auto_instrumentation=spec.instrumentation.auto,
+        # the selector as written (validated, unknown fields dropped); select_policy matches it
+        selector=(
+            spec.selector.model_dump(by_alias=True, exclude_unset=True) if spec.selector else {}
+        ),
+        created=meta.creation_timestamp,
     )
-
-
-def _interval_seconds(text: str, where: str) -> int:
-    seconds = parse_duration(text) if not text.isdigit() else float(text)
-    if seconds < 1:
-        raise ContractError(f"must be at least 1s, got {text!r}", field=where)
-    return math.ceil(seconds)
 
 
 # --- per-job overrides ---
 
-
-def _bool(v: str) -> bool:
-    low = v.strip().lower()
-    if low in ("true", "yes", "1"):
-        return True
-    if low in ("false", "no", "0"):
-        return False
-    raise ValueError("expected true or false")
-
-
-def _positive_int(v: str) -> int:
-    if not v.strip().isdigit() or int(v) < 1:
-        raise ValueError("expected a positive integer")
-    return int(v)
-
-
-def _strategy(v: str) -> str:
-    if v not in STRATEGIES:
-        raise ValueError(f"expected one of {', '.join(STRATEGIES)}")
-    return v
-
-
-def _interval(v: str) -> int:
-    try:
-        return _interval_seconds(v.strip(), "interval")
-    except ContractError as e:
-        raise ValueError(str(e)) from None
-
-
-def _grace(v: str) -> int:
-    n = _positive_int(v)
-    if not MIN_GRACE_SECONDS <= n <= 86400:
-        raise ValueError(f"expected {MIN_GRACE_SECONDS}..86400")
-    return n
-
-
-def _quantity(v: str) -> str:
-    parse_quantity(v)
-    return v.strip()
-
-
-# annotation suffix -> (Policy field, parser)
-OVERRIDES: dict[str, tuple[str, Any]] = {
-    "interval": ("interval_seconds", _interval),
-    "strategy": ("strategy", _strategy),
-    "save-steps": ("save_steps", _positive_int),
-    "max-checkpoints": ("max_checkpoints", _positive_int),
-    "resume": ("resume", _bool),
-    "jit": ("jit", _bool),
-    "max-grace-period-seconds": ("max_grace_seconds", _grace),
-    "local-tier": ("local_enabled", _bool),
-    "local-size-limit": ("local_size_limit", _quantity),
-    "local-period-steps": ("local_period_steps", _positive_int),
-    "model-parameters": ("local_model_parameters", _positive_int),
-    "progress-every-steps": ("progress_every_steps", _positive_int),
-    "instrumentation-auto": ("auto_instrumentation", _bool),
-}
 # Annotations of ours that are not overrides (markers, status, opt-in).
 RESERVED = {"status", "inject", "injected", "policy"}
 
 
+def _shown_key(key: str) -> str:
+    # API-server keys are short and printable; anything else is quoted so a warning stays a line
+    return key if key.isprintable() and len(key) <= 320 else describe(key)
+
+
 def apply_overrides(policy: Policy, annotations: Mapping[str, str]) -> tuple[Policy, list[str]]:
     """Apply `kubeckpt.io/<field>` annotations; an invalid one is ignored with a warning."""
-    changes: dict[str, Any] = {}
-    warnings: list[str] = []
-    for key, raw in sorted(annotations.items()):
-        if not key.startswith(ANNOTATION_PREFIX):
+    if not isinstance(annotations, Mapping):
+        return policy, ["kubeckpt: annotations ignored: expected a map"]
+    raw: dict[str, str] = {}  # suffix -> value, for the known override annotations
+    notes: dict[str, str] = {}  # annotation key -> warning
+    for key, value in annotations.items():
+        if not isinstance(key, str) or not key.startswith(ANNOTATION_PREFIX):
             continue
         suffix = key[len(ANNOTATION_PREFIX) :]
         if suffix in RESERVED:
             continue
         if suffix not in OVERRIDES:
-            warnings.append(f"kubeckpt: unknown annotation {key} ignored")
-            continue
-        attr, parse = OVERRIDES[suffix]
-        try:
-            changes[attr] = parse(str(raw))
-        except ValueError as e:
-            warnings.append(f"kubeckpt: invalid {key}={str(raw)[:64]!r} ignored: {e}")
+            notes[key] = f"kubeckpt: unknown annotation {_shown_key(key)} ignored"
+        elif isinstance(value, str | int | float):  # the API server only has strings
+            raw[suffix] = str(value)
+        else:
+            notes[key] = f"kubeckpt: invalid {_shown_key(key)} ignored: expected a string"
+    try:
+        overrides = Overrides.model_validate(raw)
+    except ValidationError as e:
+        # Each field validates on its own: drop the bad ones and take the rest.
+        bad = {str(err["loc"][0]): err for err in e.errors()}
+        for suffix, err in bad.items():
+            key = ANNOTATION_PREFIX + suffix
+            notes[key] = one_line(
+                f"kubeckpt: invalid {_shown_key(key)}={raw.pop(suffix)[:64]!r} ignored: "
+                f"{error_reason(err)}"
+            )
+        overrides = Overrides.model_validate(raw)
+    changes = {name: getattr(overrides, name) for name in overrides.model_fields_set}
+    warnings = [notes[k] for k in sorted(notes)]
     result = replace(policy, **changes)
     if result.strategy == "steps" and not result.save_steps:
         warnings.append(
@@ -184,19 +208,6 @@ def apply_overrides(policy: Policy, annotations: Mapping[str, str]) -> tuple[Pol
 
 
 # --- quantities ---
-
-
-def parse_quantity(text: str) -> int:
-    """Bytes of a Kubernetes quantity such as 64Gi, 500M, 1e9 or 1073741824 (the official
-    client's parser: exact decimals, every suffix and exponent form the API server accepts)."""
-    try:
-        value = k8s_parse_quantity(text.strip())
-    # ArithmeticError: decimal.InvalidOperation, for forms the parser does not expect
-    except (ValueError, ArithmeticError, TypeError) as e:
-        raise ValueError(f"not a quantity: {text!r}") from e
-    if value <= 0:
-        raise ValueError(f"must be positive: {text!r}")
-    return math.ceil(value)
 
 
 def local_size_limit(policy: Policy, nodes: int) -> str:
