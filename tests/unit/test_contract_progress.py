@@ -640,3 +640,14 @@ def test_random_valid_records_round_trip() -> None:
         assert parse_progress(record.to_json()) == record
         short = json.loads(record.to_termination_message())
         assert short["step"] == data["step"]
+
+
+def test_early_years_keep_four_digits_and_times_without_utc_form_are_refused() -> None:
+    """Found on the cluster: year 10 was written as "10-01-01T..." (the API server refused the
+    status with 422, so the job's status stalled) and year 1 at +01:00 raised OverflowError."""
+    from trainer_runtime.contract.progress import format_rfc3339, parse_rfc3339
+
+    assert format_rfc3339(parse_rfc3339("0010-01-01T00:00:00Z")) == "0010-01-01T00:00:00Z"
+    assert format_rfc3339(parse_rfc3339("2024-01-15T12:30:00+02:00")) == "2024-01-15T10:30:00Z"
+    with pytest.raises(ContractError):
+        parse_rfc3339("0001-01-01T00:00:00+01:00")

@@ -145,15 +145,20 @@ def parse_rfc3339(text: str) -> datetime:
         tz = timezone(-offset if m.group(9) == "-" else offset)
     try:
         # RFC 3339 allows a leap second (:60); datetime does not, so read it as :59.
-        return datetime(year, month, day, hour, minute, min(second, 59), micro, tzinfo=tz)
-    except ValueError:
+        moment = datetime(year, month, day, hour, minute, min(second, 59), micro, tzinfo=tz)
+        # Every reader converts to UTC: a time with no UTC form (year 1 at +01:00) is refused
+        # here rather than raising OverflowError in the controller.
+        moment.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise ContractError(f"expected an RFC 3339 timestamp, got {describe(text)}") from None
+    return moment
 
 
 def format_rfc3339(moment: datetime | None = None) -> str:
     """`moment` (default: now) in UTC as "YYYY-MM-DDTHH:MM:SSZ", the form the writers use."""
-    moment = datetime.now(UTC) if moment is None else moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    t = datetime.now(UTC) if moment is None else moment.astimezone(UTC)
+    # Not strftime: glibc writes year 10 as "10", which the API server refuses as a date-time.
+    return f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:{t.second:02d}Z"
 
 
 def format_decimal(value: float, places: int = 4) -> str:
