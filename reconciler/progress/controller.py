@@ -4,8 +4,10 @@ One reconcile per job (key namespace/name, the job's and the TrainingProgress's)
 TrainingProgress exists (owned by the job), find the rank-0 pod, read its progress (exec while the
 container runs, the termination message once it has terminated), decide the new status from the
 stored one (`status.decide`), apply it to /status only when something changed, then send the
-events the change means. Decisions are read from the informers' caches; the only API calls are
-the exec, the TrainingProgress create and the status apply (and Events).
+events the change means, and put the latest complete checkpoint on every pod of the job
+(`lastcheckpoint`: annotations for checkpoint-aware preemption). Decisions are read from the
+informers' caches; the only API calls are the exec, the TrainingProgress create, the status apply,
+the pods' annotation patches when their values differ (and Events).
 
 A job is read at most once per interval (`schedule`): pod and job events that arrive sooner are
 answered from the cache, except a new rank-0 pod or a terminated container, which are read at
@@ -27,7 +29,7 @@ from prometheus_client.registry import Collector
 from reconciler.apply import apply_status, status_patch
 from reconciler.clock import REAL_CLOCK, Clock
 from reconciler.controller import Request, Result
-from reconciler.errors import AlreadyExists, ApiError, Conflict, NotFound
+from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotFound
 from reconciler.exec import exec_command
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of, object_key
@@ -37,6 +39,7 @@ from trainer_runtime.contract.optin import opted_in, select_policy
 from trainer_runtime.contract.progress import parse_rfc3339
 
 from . import discovery as d
+from .lastcheckpoint import pod_patch, wanted
 from .reading import ExecFn, ReadError, parse, read_file
 from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
 from .status import API_VERSION, FIELD_MANAGER, KIND, Decision, Observation, changed, decide
@@ -57,6 +60,9 @@ TRAININGPROGRESSES = Resource(
 CHECKPOINTPOLICIES = Resource("kubeckpt.io", "v1alpha1", "checkpointpolicies", "CheckpointPolicy")
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 JOB_INDEX = "kubeckpt.io/job"
+# The pods' last-checkpoint annotations are written under a manager of their own, so that
+# managedFields tell them from the TrainingProgress status ("kubeckpt").
+ANNOTATION_FIELD_MANAGER = "kubeckpt-last-checkpoint"
 
 
 def pod_job_index(pod: KubeObject) -> list[str]:
@@ -137,6 +143,7 @@ class ProgressController:
         self.exec_timeout = exec_timeout
         self.clock = clock
         self.tp_api = client.api(TRAININGPROGRESSES)
+        self.pod_api = client.api(PODS)
         self.jobs = manager.informer(client.api(PYTORCHJOBS))
         self.pods = manager.informer(
             client.api(PODS),
@@ -167,6 +174,8 @@ class ProgressController:
         self._state: dict[str, _JobState] = {}
         # Our last write per job, newer than the cache until the watch delivers it.
         self._written: dict[str, KubeObject] = {}
+        # The same for pods' annotations: job key -> pod uid -> (resourceVersion, annotations).
+        self._annotated: dict[str, dict[str, tuple[int, dict[str, str]]]] = {}
         self.trainjobs = TrainJobWatcher(
             client,
             lambda inf: self.controller.watch(inf, update_predicate=_job_changed),
@@ -174,7 +183,7 @@ class ProgressController:
         )
         manager.add_runnable(self.trainjobs.run, leader_only=False)
         self._trainer_conflicts: set[str] = set()
-        self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0}
+        self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0, "annotation_writes": 0}
         self.manager_metrics = manager.metrics
         manager.metrics.registry.register(_ProgressCollector(self))
 
@@ -182,6 +191,7 @@ class ProgressController:
     def _forget(self, key: str) -> None:
         self._state.pop(key, None)
         self._written.pop(key, None)
+        self._annotated.pop(key, None)
         self._trainer_conflicts.discard(key)
 
     def job(self, key: str) -> tuple[KubeObject | None, d.JobKind]:
@@ -320,6 +330,8 @@ class ProgressController:
                 running = True
                 due = now >= state.next_poll or pod_uid != state.pod_uid
                 if not due:
+                    # No read, but a pod created since (a restarted rank) gets the annotations.
+                    await self._publish_checkpoint(key, prev_status)
                     return Result(requeue_after=max(state.next_poll - now, 0.01))
                 obs = await self._read(pod, container, kind)
                 obs.outcome = outcome
@@ -356,6 +368,7 @@ class ProgressController:
                 and not (container is not None and trainer_status_server(container))
             ):
                 await self._write_trainer_status(key, job, decision.status)
+        await self._publish_checkpoint(key, prev_status if hold else decision.status)
         if decision.accepted:
             state.new_pod = False
         if decision.accepted and obs.record is not None and obs.record.step != state.step:
@@ -395,6 +408,63 @@ class ProgressController:
         # compares with it and does not send them again.
         for ev in dec.events:
             self.events.event(job, ev.type, ev.reason, ev.message)
+
+    async def _publish_checkpoint(self, key: str, status: dict[str, Any]) -> None:
+        """Make every pod of the job carry its latest complete checkpoint (`lastcheckpoint`).
+
+        Only a pod whose annotations differ is patched: a poll that changes nothing writes
+        nothing, and a pod created since (a restarted rank) is written at the next reconcile.
+        Never raises: a pod that went or was replaced, or a refused write, must not stall the
+        job's status; the next reconcile decides again from what the pod then carries.
+        """
+        want = wanted(status)
+        if want is None:
+            return
+        # Every pod of the job, injected or not: a scheduler preempts the job's pods together.
+        pods: dict[str, KubeObject] = {
+            uid: p
+            for inf in (self.pods, *self.bare_pods)
+            for p in inf.store.by_index(JOB_INDEX, key)
+            if (uid := (p.get("metadata") or {}).get("uid"))
+        }
+        mine = self._annotated.setdefault(key, {})
+        for uid in [u for u in mine if u not in pods]:
+            del mine[uid]
+        for uid, pod in pods.items():
+            md = pod.get("metadata") or {}
+            last = mine.get(uid)
+            if last is not None and last[0] > _rv(pod):
+                pod = {**pod, "metadata": {**md, "annotations": last[1]}}  # cache not caught up
+            else:
+                mine.pop(uid, None)
+            patch = pod_patch(want, pod)
+            if patch is None:
+                continue
+            # A JSON merge patch of metadata.annotations alone, not an update or an apply: it
+            # names only our two keys (the pod's other annotations, labels and spec are left
+            # alone), null removes one, and it carries no resourceVersion, so it needs no read
+            # and does not conflict with the kubelet's writes. An apply would also take
+            # ownership, and a key a user set would be a conflict to force. No uid either: a
+            # same-named replacement (a PyTorchJob's) is the same job's pod and wants the same
+            # values (the API server answers a uid that differs with 422, not 409).
+            body = {"metadata": {"annotations": patch}}
+            name, ns = md.get("name", ""), md.get("namespace", "")
+            try:
+                written = await self.pod_api.patch(
+                    name, body, ns, patch_type="merge", field_manager=ANNOTATION_FIELD_MANAGER
+                )
+            except (NotFound, Conflict):
+                mine.pop(uid, None)  # gone (its delete event comes), or raced: decided again
+                continue
+            except KubeError as e:
+                log.warning("%s: pod %s: last-checkpoint annotations not written: %s", key, name, e)
+                continue
+            self.stats["annotation_writes"] += 1
+            wmd = written.get("metadata") or {}
+            if wmd.get("uid") == uid:
+                mine[uid] = (_rv(written), dict(wmd.get("annotations") or {}))
+        if not mine:
+            self._annotated.pop(key, None)
 
     async def _write_trainer_status(self, key: str, job: KubeObject, status: dict) -> None:
         """TrainJob status.trainerStatus, not forced: another owner keeps it (Conflict)."""
@@ -484,5 +554,6 @@ class _ProgressCollector(Collector):
             ("reads", "Progress reads through pods/exec"),
             ("writes", "TrainingProgress status writes"),
             ("skipped_writes", "Reads that changed nothing, so nothing was written"),
+            ("annotation_writes", "Pod patches of the last-checkpoint annotations"),
         ):
             yield CounterMetricFamily(f"kubeckpt_progress_{key}", help_, value=self.ctrl.stats[key])

@@ -123,7 +123,7 @@ def test_sigkilled_leader_is_replaced_without_duplicate_events(
         wait(lambda: event_counts(cluster, ns, "ha").get("CheckpointSaved") == 3, "3 events", 10)
         led, idle = counters(ports[leader]), counters(ports[other])
         assert led["reads"] >= 3 and led["writes"] >= 3, led
-        assert idle == {"reads": 0, "writes": 0, "skipped_writes": 0}, idle
+        assert idle == {"reads": 0, "writes": 0, "skipped_writes": 0, "annotation_writes": 0}, idle
         before = event_counts(cluster, ns, "ha")
 
         # SIGKILL: no release, the Lease must expire. Its last renewal is the one read now.

@@ -186,7 +186,12 @@ async def test_two_replicas_only_the_leader_reads_and_writes(
             "the leader's reads and writes counted",
             10,
         )
-        assert ctrls[other].stats == {"reads": 0, "writes": 0, "skipped_writes": 0}
+        assert ctrls[other].stats == {
+            "reads": 0,
+            "writes": 0,
+            "skipped_writes": 0,
+            "annotation_writes": 0,
+        }
         assert ctrls[other].limiter.total == 0
 
         # The leader stops (releasing the Lease): the other takes over and follows the file.

@@ -18,6 +18,10 @@ import yaml
 from progress_support import progress, start_job, write_atomic
 
 from localcluster import LocalCluster, free_port
+from trainer_runtime import __version__
+from trainer_runtime.contract.preemption import (
+    LAST_CHECKPOINT_STEP_ANNOTATION as LAST_CHECKPOINT_STEP,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(sys.executable).parent / "kubeckpt-reconciler"
@@ -85,6 +89,12 @@ def test_reconciler_runs_with_exactly_its_role(
         ck = {"enabled": True, "latestCheckpoint": "/ckpt/checkpoint-5"}
         write_atomic(path, progress(5, checkpointing=ck))
         wait(lambda: tp_status(cluster, namespace, "rbac").get("step") == 5, "status", 90)
+        # the pods' last-checkpoint annotation went through (patch on pods)
+        wait(
+            lambda: _annotation(cluster, namespace, "rbac-master-0", LAST_CHECKPOINT_STEP) == "5",
+            "the last-checkpoint annotation",
+            15,
+        )
         write_atomic(path, progress(6, checkpointing=ck))
         wait(lambda: tp_status(cluster, namespace, "rbac").get("step") == 6, "status", 15)
         # the Event went through (create) and the Lease is held
@@ -100,6 +110,7 @@ def test_reconciler_runs_with_exactly_its_role(
         )
         assert lease["spec"]["holderIdentity"]
         _metrics_need_a_token_allowed_to_get_them(cluster, kubeconfig, metrics_port)
+        _policy_status_is_written(cluster, namespace)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -115,6 +126,7 @@ def test_reconciler_runs_with_exactly_its_role(
         ["delete", "tp", "rbac", "-n", namespace],
         ["patch", "pytorchjob", "rbac", "-n", namespace, "--type=merge", "-p", "{}"],
         ["get", "pytorchjob", "rbac", "-n", namespace],
+        ["delete", "pod", "rbac-master-0", "-n", namespace],
     ):
         denied = subprocess.run(
             [str(cluster.binaries.kubectl), "--kubeconfig", str(kubeconfig), *args],  # type: ignore[union-attr]
@@ -123,6 +135,13 @@ def test_reconciler_runs_with_exactly_its_role(
             check=False,
         )
         assert denied.returncode != 0 and "forbidden" in denied.stderr.lower(), args
+
+
+def _annotation(cluster: LocalCluster, ns: str, pod: str, key: str) -> str | None:
+    proc = cluster.kubectl("get", "pod", pod, "-n", ns, "-o", "json", check=False)
+    if proc.returncode != 0:
+        return None
+    return (json.loads(proc.stdout)["metadata"].get("annotations") or {}).get(key)
 
 
 def test_default_install_runs_the_reconciler_under_its_account(cluster: LocalCluster) -> None:
@@ -137,7 +156,8 @@ def test_default_install_runs_the_reconciler_under_its_account(cluster: LocalClu
     assert dep["metadata"]["namespace"] == "kubeckpt-system"
     assert pod["serviceAccountName"] == "kubeckpt-reconciler"
     (c,) = pod["containers"]
-    assert c["image"] == "kubeckpt/kubeckpt:0.1.0" and c["command"] == ["kubeckpt-reconciler"]
+    assert c["image"] == f"kubeckpt/kubeckpt:{__version__}"
+    assert c["command"] == ["kubeckpt-reconciler"]
     names = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert ("ClusterRoleBinding", "kubeckpt-reconciler") in names
     assert ("RoleBinding", "kubeckpt-reconciler-leader-election") in names
@@ -179,3 +199,45 @@ def _metrics_need_a_token_allowed_to_get_them(
     _, text = wait(lambda: (r := _scrape(port, token.strip()))[0] == 200 and r, "200", 15)
     assert "kubeckpt_training_step" in text, text[:2000]
     assert _scrape(port, "not-a-token")[0] == 401
+
+
+def _policy_status_is_written(cluster: LocalCluster, ns: str) -> None:
+    """CheckpointPolicy status (patch on checkpointpolicies/status under the role): Ready with
+    the opt-in hint, Shadowed by an older catch-all, the hint gone once the namespace opts in."""
+
+    def ready(name: str) -> dict:
+        proc = cluster.kubectl("get", "checkpointpolicy", name, "-n", ns, "-o", "json")
+        obj = json.loads(proc.stdout)
+        conds = (obj.get("status") or {}).get("conditions") or []
+        c = next((c for c in conds if c["type"] == "Ready"), {})
+        gen = obj["metadata"]["generation"]
+        return c if c.get("observedGeneration") == gen else {}
+
+    def policy(name: str, **spec: object) -> dict:
+        return {
+            "apiVersion": "kubeckpt.io/v1alpha1",
+            "kind": "CheckpointPolicy",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"storage": {"uri": "pvc://ckpt/runs"}, **spec},
+        }
+
+    cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject-", check=False)
+    cluster.apply(policy("catchall"))
+    c = wait(lambda: ready("catchall"), "the catch-all policy's status", 30)
+    assert (c["status"], c["reason"]) == ("True", "Valid"), c
+    assert "kubeckpt.io/inject=true" in c["message"], c
+    time.sleep(1.1)  # a later creationTimestamp (seconds)
+    cluster.apply(policy("narrow", selector={"matchLabels": {"team": "nlp"}}))
+    c = wait(lambda: ready("narrow"), "the narrow policy's status", 30)
+    assert (c["status"], c["reason"]) == ("False", "Shadowed") and "catchall" in c["message"], c
+    cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled", "--overwrite")
+    wait(
+        lambda: "kubeckpt.io/inject=true" not in ready("catchall").get("message", "x"),
+        "the opt-in hint to go",
+        30,
+    )
+    cluster.kubectl("delete", "checkpointpolicy", "catchall", "-n", ns)
+    wait(lambda: ready("narrow").get("status") == "True", "narrow to become Valid", 30)
+    table = cluster.kubectl("get", "checkpointpolicy", "narrow", "-n", ns).stdout
+    assert table.splitlines()[0].split()[:2] == ["NAME", "READY"], table
+    assert table.splitlines()[1].split()[:2] == ["narrow", "True"], table
