@@ -1,5 +1,6 @@
 """kubeckpt-reconciler: the progress controller (every injected job's progress in a
-TrainingProgress), leader-elected, with /healthz, /readyz and /metrics."""
+TrainingProgress) and the CheckpointPolicy status, leader-elected, with /healthz, /readyz and
+/metrics."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from reconciler.manager import Manager, install_signal_handlers
 from reconciler.metrics_auth import MetricsAuth, server_tls
 
 from .controller import ProgressController
+from .policy_status import PolicyStatusController
 from .schedule import ExecLimiter, PollSettings
 
 log = logging.getLogger("kubeckpt.reconciler")
@@ -120,7 +122,7 @@ async def run(args: argparse.Namespace) -> None:
         metrics_tls=server_tls(args.metrics_cert_dir or None) if args.metrics_secure else None,
         metrics_auth=MetricsAuth(client) if args.metrics_secure else None,
     )
-    ProgressController(
+    progress = ProgressController(
         manager,
         settings=settings_from(args),
         limiter=ExecLimiter(args.max_concurrent_execs, args.exec_qps, args.exec_burst),
@@ -128,6 +130,7 @@ async def run(args: argparse.Namespace) -> None:
         workers=args.workers,
         trainjob_interval=args.trainjob_discovery_interval,
     )
+    PolicyStatusController(manager, progress.policies, progress.namespaces)
     install_signal_handlers(manager)
     log.info("starting (leader election: %s)", "on" if election else "off")
     try:

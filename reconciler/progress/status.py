@@ -234,6 +234,34 @@ def _checkpoint_step(location: str) -> int | None:
     return int(number) if prefix == "checkpoint" and number.isdigit() else None
 
 
+# Reasons of Progressing=Unknown that only mean "nothing to read yet" while no step was ever read.
+_NOT_YET = frozenset({"NoRank0Pod", "ProgressFileMissing"})
+
+
+def state_of(status: dict[str, Any]) -> str:
+    """One word for `status.state` (the STATE column), from the conditions: what `kubectl get tp`
+    users scan for, so the outcome and Suspended/Stalled win over a plain Training."""
+    conds = status.get("conditions") or []
+    completed = condition(conds, COMPLETED) or {}
+    progressing = condition(conds, PROGRESSING) or {}
+    stalled = condition(conds, STALLED) or {}
+    if completed.get("status") == "True":
+        return "Succeeded"
+    if completed.get("status") == "False" and completed.get("reason") == "JobFailed":
+        return "Failed"
+    if progressing.get("status") == "False" and progressing.get("reason") == "Suspended":
+        return "Suspended"
+    if stalled.get("status") == "True":
+        return "Stalled"
+    if progressing.get("status") == "True":
+        return "Training"
+    if progressing.get("status") == "Unknown":
+        if progressing.get("reason") in _NOT_YET and status.get("step") is None:
+            return "Pending"
+        return "Unknown"
+    return "Pending"
+
+
 def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Decision:
     """The status to store and the events to send, from the stored status and an observation."""
     prev = copy.deepcopy(prev or {})
@@ -405,5 +433,6 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
 
     order = {PROGRESSING: 0, STALLED: 1, CHECKPOINTING: 2, COMPLETED: 3, INJECTED: 4}
     status["conditions"] = sorted(conds, key=lambda c: order.get(c["type"], 9))
+    status["state"] = state_of(status)
     status["lastPollTime"] = format_rfc3339(now)
     return Decision(status, events, accepted)

@@ -204,6 +204,7 @@ def test_trainingprogress_status_subresource_and_columns(
         "kind": "TrainingProgress",
         "metadata": {"name": "job-a", "namespace": namespace},
         "status": {
+            "state": "Training",
             "step": 150,
             "percentComplete": "50.0",
             "loss": "0.4523",
@@ -224,6 +225,7 @@ def test_trainingprogress_status_subresource_and_columns(
     assert header.split() == [
         "NAME",
         "JOB",
+        "STATE",
         "STEP",
         "PERCENT",
         "LOSS",
@@ -231,7 +233,7 @@ def test_trainingprogress_status_subresource_and_columns(
         "LAST-CHECKPOINT",
         "AGE",
     ]
-    assert row.split()[:6] == ["job-a", "job-a", "150", "50.0", "0.4523", "45m"]
+    assert row.split()[:7] == ["job-a", "job-a", "Training", "150", "50.0", "0.4523", "45m"]
 
 
 def test_garbage_collector_removes_owned_trainingprogress(

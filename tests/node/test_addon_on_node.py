@@ -92,7 +92,9 @@ def test_demo_scenario_preempts_and_resumes_exactly(
         "the final status read from the terminationMessage",
     ):
         assert what in out, what
-    assert re.search(r"tp -w \| tiny-mlp\s+tiny-mlp\s+\d+", out), "kubectl get tp -w showed no row"
+    assert re.search(r"tp -w \| tiny-mlp\s+tiny-mlp\s+Training\s+\d+", out), (
+        "kubectl get tp -w showed no row"
+    )
 
 
 RAM_JOB = "ram-full"

@@ -70,6 +70,7 @@ PROGRESS_COUNTS = ("epoch", "totalEpochs", "step", "totalSteps")
 
 TP_COLUMNS = [
     ("Job", ".spec.jobRef.name", "string"),
+    ("State", ".status.state", "string"),  # an extension of DESIGN.md's columns
     ("Step", ".status.step", "integer"),
     ("Percent", ".status.percentComplete", "string"),
     ("Loss", ".status.loss", "string"),
@@ -671,6 +672,9 @@ def test_policy_printer_columns(policy_crd: dict[str, Any]) -> None:
         for c in version_of(policy_crd)["additionalPrinterColumns"]
     ]
     assert columns == [
+        # Ready and Reason extend DESIGN.md's columns: the status the reconciler writes.
+        ("Ready", '.status.conditions[?(@.type=="Ready")].status', "string"),
+        ("Reason", '.status.conditions[?(@.type=="Ready")].reason', "string"),
         ("Storage", ".spec.storage.uri", "string"),
         ("Interval", ".spec.interval", "string"),
         ("Strategy", ".spec.strategy", "string"),

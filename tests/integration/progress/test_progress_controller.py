@@ -121,6 +121,7 @@ async def test_follows_the_file_keeps_good_values_on_bad_input_and_goes_with_the
         assert table[0].split() == [
             "NAME",
             "JOB",
+            "STATE",
             "STEP",
             "PERCENT",
             "LOSS",
@@ -128,7 +129,9 @@ async def test_follows_the_file_keeps_good_values_on_bad_input_and_goes_with_the
             "LAST-CHECKPOINT",
             "AGE",
         ], table
-        assert table[1].split()[:6] == ["train", "train", "4", "4.0", "0.2000", "5m"], table
+        assert table[1].split()[:7] == ["train", "train", "Training", "4", "4.0", "0.2000", "5m"], (
+            table
+        )
         described = kwok.kubectl("describe", "tp", "train", "-n", ns).stdout
         assert "Progressing" in described, described
         assert re.search(r"Observed Pod:\s+train-master-0", described), described

@@ -244,3 +244,47 @@ def test_suspended_then_resumed() -> None:
     )
     p = cond(back.status, "Progressing")
     assert (p["status"], p["reason"]) == ("True", "Resumed")
+
+
+def test_state_follows_the_job_through_its_life() -> None:
+    """status.state (the STATE column) for each stage, the outcome winning over the rest."""
+    waiting = Observation(error_reason="NoRank0Pod", error_message="no rank-0 pod")
+    s = decide({}, waiting, NOW).status
+    assert s["state"] == "Pending"
+    s = decide(s, Observation(pod="p", record=rec(), source="exec", stall_after=60), NOW).status
+    assert s["state"] == "Training"
+    later = NOW + timedelta(seconds=61)
+    stalled = decide(s, Observation(pod="p", record=rec(), source="exec", stall_after=60), later)
+    assert stalled.status["state"] == "Stalled"
+    s = decide(stalled.status, Observation(pod="p", record=rec(step=11), source="exec"), later)
+    assert s.status["state"] == "Training"
+    bad = Observation(pod="p", error_reason="ProgressFileInvalid", error_message="step: bad")
+    assert decide(s.status, bad, later).status["state"] == "Unknown"
+    # A missing file after steps were read is not "Pending" again: something went wrong.
+    gone = Observation(pod="p", error_reason="ProgressFileMissing", error_message="gone")
+    assert decide(s.status, gone, later).status["state"] == "Unknown"
+    suspended = decide(s.status, Observation(pod="p", suspended=True), later).status
+    assert suspended["state"] == "Suspended"
+    assert (
+        decide(s.status, Observation(pod="p", outcome="Succeeded"), later).status["state"]
+        == "Succeeded"
+    )
+    failed = decide(stalled.status, Observation(pod="p", outcome="Failed"), later).status
+    assert failed["state"] == "Failed"
+
+
+def test_state_is_in_the_crd_enum() -> None:
+    """Every state the code can write is one the API server accepts."""
+    import pathlib
+
+    import yaml
+
+    crd = yaml.safe_load(
+        (
+            pathlib.Path(__file__).parents[3]
+            / "config/crd/bases/kubeckpt.io_trainingprogresses.yaml"
+        ).read_text()
+    )
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    enum = set(schema["properties"]["status"]["properties"]["state"]["enum"])
+    assert enum == {"Pending", "Training", "Stalled", "Suspended", "Succeeded", "Failed", "Unknown"}
