@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export PYTHONPATH := $(CURDIR)/hack$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries images lint format test test-unit demo cluster-up cluster-down bench clean
+.PHONY: help venv binaries images lint format test test-unit demo cluster-up cluster-down bench release clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -57,8 +57,11 @@ cluster-up: venv binaries images ## start the local cluster and its real node in
 cluster-down: venv ## stop it
 	$(PY) -m localcluster stop
 
+release: ## render the one-file install manifest dist/kubeckpt-<version>.yaml (IMAGE=registry/kubeckpt)
+	bash hack/release.sh
+
 bench: venv binaries ## control-plane start-up benchmark (figures go to docs/benchmarks.md)
 	$(PY) hack/bench/cluster_start.py
 
 clean: ## remove the venv and local state (the binary cache in ~/.cache/kubeckpt stays)
-	rm -rf $(VENV) .cluster .pytest_cache .ruff_cache
+	rm -rf $(VENV) .cluster .pytest_cache .ruff_cache dist

@@ -115,3 +115,22 @@ def test_the_runtime_warns_of_a_kind_it_does_not_know(caplog: pytest.LogCaptureF
     assert not caplog.records
     Config.from_env({"KUBECKPT_JOB_KIND": "MPIJob"})
     assert "MPIJob" in caplog.text and "PyTorchJob, TrainJob" in caplog.text
+
+
+def test_webhook_match_conditions_are_generated_from_the_kinds() -> None:
+    """config/webhook's CEL filter is the one jobkinds generates: a new kind or label there
+    reaches the API server's filter too (or this fails)."""
+    from trainer_runtime.contract.jobkinds import admission_match_expression
+
+    mwc = yaml.safe_load(
+        (REPO / "config" / "webhook" / "mutatingwebhookconfiguration.yaml").read_text()
+    )
+    assert len(mwc["webhooks"]) == 2
+    for hook in mwc["webhooks"]:
+        (cond,) = hook["matchConditions"]
+        assert cond["expression"] == admission_match_expression(), hook["name"]
+    expr = admission_match_expression()
+    for kind in JOB_KINDS:
+        assert f"'{kind.name_label}' in object.metadata.labels" in expr
+        for key, value in kind.must_match:
+            assert f"['{key}'] == '{value}'" in expr

@@ -135,5 +135,22 @@ def job_identity(labels: Mapping[str, str]) -> JobIdentity | None:
     return None
 
 
+def admission_match_expression() -> str:
+    """The CEL `matchConditions` expression that lets the API server call the webhook only for
+    pods `job_identity` recognises: every other pod of an opted-in namespace is admitted without
+    a round trip (and is unaffected when the webhook is slow or down). Kept here, beside the
+    kinds, so config/webhook's copy is checked against them (tests/unit/test_jobkinds.py)."""
+    labels = "object.metadata.labels"
+    clauses = []
+    for kind in JOB_KINDS:
+        parts = [f"'{kind.name_label}' in {labels}", f"{labels}['{kind.name_label}'] != ''"]
+        parts += [
+            f"(!('{key}' in {labels}) || {labels}['{key}'] == '{value}')"
+            for key, value in kind.must_match
+        ]
+        clauses.append("(" + " && ".join(parts) + ")")
+    return f"has({labels}) && (" + " || ".join(clauses) + ")"
+
+
 def job_kind(kind: str) -> JobKind | None:
     return BY_KIND.get(kind)

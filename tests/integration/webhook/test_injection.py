@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
+import ssl
+import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 
 from localcluster import LocalCluster, wait_for
-from tests.integration.webhook.conftest import WebhookProcess, dry_run_pod, wait_policy_seen
+from tests.integration.webhook.conftest import (
+    WEBHOOK_NS,
+    WebhookProcess,
+    dry_run_pod,
+    wait_policy_seen,
+)
 from tests.support.pod_strategies import policies, progress, training_pods
 from webhook.mutation import mutate
 
+REPO = Path(__file__).resolve().parents[3]
 POLICY = {
     "apiVersion": "kubeckpt.io/v1alpha1",
     "kind": "CheckpointPolicy",
@@ -318,3 +327,65 @@ def test_fail_open_when_the_webhook_is_down(
             assert "CHECKPOINT_URI" not in env(pod)
     finally:
         webhook.start()
+
+
+def _requests_answered(cluster: LocalCluster, webhook: WebhookProcess) -> float:
+    """kubeckpt_webhook_requests_total summed over results, scraped as a bound Prometheus."""
+    cluster.apply((REPO / "config" / "rbac" / "metrics_reader_role.yaml").read_text())
+    cluster.kubectl("create", "serviceaccount", "prom", "-n", WEBHOOK_NS, check=False)
+    cluster.kubectl(
+        "create",
+        "clusterrolebinding",
+        "prom-kubeckpt-metrics",
+        "--clusterrole=kubeckpt-metrics-reader",
+        f"--serviceaccount={WEBHOOK_NS}:prom",
+        check=False,
+    )
+    token = cluster.kubectl("create", "token", "prom", "-n", WEBHOOK_NS).stdout.strip()
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    req = urllib.request.Request(webhook.url + "/metrics")
+    req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("kubeckpt_webhook_requests_total{")
+    )
+
+
+def test_only_training_pods_reach_the_webhook(
+    cluster: LocalCluster, opted_in: str, webhook: WebhookProcess
+) -> None:
+    """matchConditions: the API server calls the webhook for a training job's pod only; a web
+    server, a pod of an initializer step, a pod with an empty job label are admitted without a
+    call (their creation no longer waits on, or depends on, the webhook)."""
+    others = [
+        {"app": "web"},
+        {"training.kubeflow.org/job-name": ""},
+        {"training.kubeflow.org/job-name": "j", "training.kubeflow.org/operator-name": "tfjob"},
+        {"jobset.sigs.k8s.io/jobset-name": "tj", "jobset.sigs.k8s.io/replicatedjob-name": "init"},
+    ]
+    before = _requests_answered(cluster, webhook)
+    for labels in others:
+        pod = probe_pod(opted_in)
+        pod["metadata"]["labels"] = labels
+        got = dry_run_pod(cluster, pod)
+        assert "kubeckpt.io/injected" not in got["metadata"].get("labels", {}), labels
+    assert _requests_answered(cluster, webhook) == before
+    no_labels = probe_pod(opted_in)
+    del no_labels["metadata"]["labels"]
+    dry_run_pod(cluster, no_labels)
+    assert _requests_answered(cluster, webhook) == before
+    # The kinds the webhook recognises still reach it, each with exactly one call.
+    got = dry_run_pod(cluster, probe_pod(opted_in))
+    assert got["metadata"]["labels"]["kubeckpt.io/injected"] == "true"
+    jobset = probe_pod(opted_in)
+    jobset["metadata"]["labels"] = {
+        "jobset.sigs.k8s.io/jobset-name": "tj",
+        "jobset.sigs.k8s.io/replicatedjob-name": "node",
+    }
+    jobset["spec"]["containers"][0]["name"] = "node"
+    dry_run_pod(cluster, jobset)
+    assert _requests_answered(cluster, webhook) == before + 2

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,6 +15,7 @@ import yaml
 
 from localcluster import LocalCluster, free_port
 from tests.integration.webhook.conftest import WebhookProcess, local_webhook_configuration
+from trainer_runtime import __version__
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -126,3 +129,103 @@ def _scrape(url: str, token: str | None) -> int:
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
+
+
+def test_release_manifest_names_the_image_everywhere(cluster: LocalCluster, tmp_path: Path) -> None:
+    """`make release`: one file, every image (the zero-code init image included) is $IMAGE at
+    this version, every object carries the recommended labels, and the API server accepts it."""
+    env = {**os.environ, "IMAGE": "registry.example.com/ml/kubeckpt", "DIST": str(tmp_path)}
+    out = (
+        subprocess.run(
+            ["bash", str(REPO / "hack" / "release.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    manifest = Path(out)
+    assert manifest == tmp_path / f"kubeckpt-{__version__}.yaml"
+    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    want = f"registry.example.com/ml/kubeckpt:{__version__}"
+    images = []
+    for d in docs:
+        labels = d["metadata"].get("labels") or {}
+        assert labels.get("app.kubernetes.io/name") == "kubeckpt", d["metadata"]["name"]
+        assert labels.get("app.kubernetes.io/part-of") == "kubeckpt", d["metadata"]["name"]
+        assert labels.get("app.kubernetes.io/version") == __version__, d["metadata"]["name"]
+        if d["kind"] == "Deployment":
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                images.append(c["image"])
+                images += [e["value"] for e in c.get("env", []) if e["name"].endswith("_IMAGE")]
+    assert images and set(images) == {want}, images
+    cluster.kubectl("create", "namespace", "kubeckpt-system", check=False)
+    proc = cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--dry-run=server",
+        "-f",
+        str(manifest),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_namespace_users_read_progress_and_manage_policies(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """config/rbac/user_roles.yaml aggregates into the built-in view/edit roles: a namespace
+    viewer can `kubectl get tp` (and not change it); an editor can also manage policies."""
+    cluster.apply((REPO / "config" / "rbac" / "user_roles.yaml").read_text())
+    ns = "team-rbac"
+    cluster.kubectl("create", "namespace", ns, check=False)
+    for user, role in (("ann", "view"), ("bob", "edit")):
+        cluster.kubectl(
+            "create",
+            "rolebinding",
+            f"{user}-{role}",
+            f"--clusterrole={role}",
+            f"--user={user}",
+            "-n",
+            ns,
+            check=False,
+        )
+
+    def can(user: str, verb: str, resource: str, namespace: str = ns) -> bool:
+        p = cluster.kubectl(
+            "auth", "can-i", verb, resource, "-n", namespace, f"--as={user}", check=False
+        )
+        return p.stdout.strip() == "yes"
+
+    # The controller-manager's aggregation controller merges the rules in asynchronously.
+    deadline = time.monotonic() + 60
+    while not (
+        can("ann", "list", "trainingprogresses.kubeckpt.io")
+        and can("bob", "create", "checkpointpolicies.kubeckpt.io")
+    ):
+        assert time.monotonic() < deadline, "view/edit never gained kubeckpt's rules"
+        time.sleep(1)
+    assert can("ann", "get", "trainingprogresses.kubeckpt.io")
+    assert can("ann", "watch", "checkpointpolicies.kubeckpt.io")
+    assert not can("ann", "create", "checkpointpolicies.kubeckpt.io")
+    assert not can("ann", "patch", "trainingprogresses.kubeckpt.io")
+    assert can("bob", "delete", "checkpointpolicies.kubeckpt.io")
+    # Progress is the controller's: an editor reads it but cannot write it or its status.
+    assert not can("bob", "update", "trainingprogresses.kubeckpt.io")
+    assert not can("bob", "patch", "trainingprogresses.kubeckpt.io/status")
+    # Only in the namespace they were given.
+    assert not can("ann", "list", "trainingprogresses.kubeckpt.io", "default")
+
+
+def test_sample_policy_is_accepted_and_has_no_ramdisk_by_default(cluster: LocalCluster) -> None:
+    """The sample a user copies first validates, and does not put a tmpfs on their nodes."""
+    sample = REPO / "config" / "samples" / "kubeckpt.io_v1alpha1_checkpointpolicy.yaml"
+    policy = yaml.safe_load(sample.read_text())
+    assert policy["spec"]["localTier"]["enabled"] is False
+    proc = cluster.kubectl(
+        "apply", "--dry-run=server", "-n", "default", "-k", str(sample.parent), check=False
+    )
+    assert proc.returncode == 0, proc.stderr
