@@ -13,10 +13,11 @@ COPY pyproject.toml ./
 COPY reconciler ./reconciler
 COPY webhook ./webhook
 COPY trainer_runtime ./trainer_runtime
+COPY kubeckpt_cli ./kubeckpt_cli
 # pyproject names README.md as the long description; a stand-in keeps doc edits from rebuilding
 # the image.
 RUN echo kubeckpt >README.md \
-    && python3 -m venv /opt/kubeckpt && /opt/kubeckpt/bin/pip install --no-cache-dir '.[controller]'
+    && python3 -m venv /opt/kubeckpt && /opt/kubeckpt/bin/pip install --no-cache-dir '.[controller,cli]'
 
 FROM ${BASE}
 COPY --from=build /opt/kubeckpt /opt/kubeckpt

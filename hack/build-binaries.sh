@@ -175,6 +175,13 @@ ensure_node_packages() {
   apt_install build-binaries "${NODE_PACKAGES[@]}" || log "only KWOK nodes can start here"
 }
 
+# What the tests need beyond Python and the binaries: tmux, the real terminal in which
+# tests/integration/cli drives `kubeckpt status --watch` and reads its screen back.
+ensure_test_packages() {
+  command -v tmux >/dev/null 2>&1 && return
+  apt_install build-binaries tmux || log "the CLI's live-view test will fail: it needs tmux"
+}
+
 build_etcd() {
   local out="$CACHE/etcd-$ETCD_VERSION"
   done_stamp "$out" && return
@@ -345,6 +352,7 @@ main() {
   build_coredns
   find_kubectl
   ensure_node_packages
+  ensure_test_packages
   local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION.env"
   cat >"$envfile" <<EOF
 KUBECKPT_ETCD=$CACHE/etcd-$ETCD_VERSION/etcd

@@ -1,0 +1,155 @@
+"""The `kubeckpt` and `kubectl-kubeckpt` console scripts (one entry point; kubectl runs the latter
+for `kubectl kubeckpt ...`).
+
+Options follow kubectl's: -n/--namespace, -A/--all-namespaces, --kubeconfig, --context,
+-o table|json|yaml, accepted before or after the command. Every failure is one line on stderr
+and an exit code (errors.EXIT_CODES_HELP); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+
+from trainer_runtime import __version__
+
+from .errors import (
+    EXIT_CODES_HELP,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+)
+from .output import FORMATS
+
+PROG = "kubeckpt"
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # On the subcommands the defaults are SUPPRESS, so an option given before the command is not
+    # overwritten by the subcommand's default (argparse's known trap).
+    d = (lambda v: v) if top else (lambda v: argparse.SUPPRESS)
+    g = parser.add_argument_group("cluster options (as kubectl)")
+    g.add_argument("-n", "--namespace", default=d(None), help="the namespace (default: context's)")
+    g.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        default=d(False),
+        help="every namespace (status only)",
+    )
+    g.add_argument("--kubeconfig", default=d(None), help="kubeconfig file (default: $KUBECONFIG)")
+    g.add_argument("--context", default=d(None), help="kubeconfig context to use")
+    g.add_argument(
+        "-o", "--output", choices=FORMATS, default=d("table"), help="output format (table)"
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Training jobs served by kubeckpt: progress, checkpoints, what was injected.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(p, top=True)
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    s = sub.add_parser(
+        "status",
+        help="progress of one job or of every job",
+        description="Progress of the jobs, from their TrainingProgress objects.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("job", nargs="?", help="the job (default: every job in the namespace)")
+    s.add_argument(
+        "-w", "--watch", action="store_true", help="live view with a progress bar; Ctrl-C exits"
+    )
+    _common(s, top=False)
+
+    c = sub.add_parser(
+        "checkpoints",
+        help="every checkpoint of a job, listed in its rank-0 pod",
+        description="Every checkpoint of the job (both tiers), listed inside its running rank-0 "
+        "pod with `python -m trainer_runtime.listing` over pods/exec.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    c.add_argument("job")
+    c.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the listing (30)"
+    )
+    _common(c, top=False)
+
+    d = sub.add_parser(
+        "describe",
+        help="conditions, pods, injected settings and Events of a job",
+        description="A job's progress and conditions, its pods with what kubeckpt injected into "
+        "them, and its Events.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d.add_argument("job")
+    _common(d, top=False)
+    return p
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from .checkpoints import checkpoints
+    from .cluster import Cluster
+    from .connection import client_for, resolve
+    from .describe import describe
+    from .status import status
+    from .watch import watch
+
+    target = resolve(args.kubeconfig, args.context)
+    namespace = None if args.all_namespaces else (args.namespace or target.namespace)
+    async with client_for(target) as client:
+        cluster = Cluster(client, target)
+        if args.command == "status":
+            job = args.job
+            if args.watch:
+                return await watch(cluster, namespace, job)
+            return await status(cluster, namespace, job, args.output)
+        assert namespace is not None
+        if args.command == "checkpoints":
+            return await checkpoints(
+                cluster, namespace, args.job, args.output, timeout=args.timeout
+            )
+        return await describe(cluster, namespace, args.job, args.output)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)  # exits 2 on a usage error
+    if args.all_namespaces:
+        if args.command != "status":
+            p.error(f"{args.command} takes one job: give -n NAMESPACE, not -A")
+        if args.job:
+            p.error("a job name needs one namespace: give -n NAMESPACE, not -A")
+    if getattr(args, "watch", False) and args.output != "table":
+        p.error("--watch draws a live table: it cannot be combined with -o json/yaml")
+    watching = getattr(args, "watch", False)
+    try:
+        return asyncio.run(_run(args))
+    except CliError as e:
+        print(f"{PROG}: {e.message}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        # Ctrl-C is how --watch ends: a clean exit; elsewhere, the shell's convention.
+        return EXIT_OK if watching else EXIT_INTERRUPTED
+    except BrokenPipeError:  # `kubeckpt status | head`: quiet, and no second error at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except Exception as e:  # a bug, not a user error: one line, and how to see more
+        print(f"{PROG}: unexpected {type(e).__name__}: {e} (please report it)", file=sys.stderr)
+        return EXIT_ERROR
+
+
+__all__ = ["EXIT_USAGE", "main", "parser"]

@@ -1,0 +1,343 @@
+"""`python -m trainer_runtime.listing`: the checkpoints this pod's tiers hold, as one JSON document.
+
+`kubeckpt checkpoints JOB` runs it through pods/exec in the job's rank-0 pod, because only the pod
+sees its storage (a PVC mounted there, the ramdisk tier, the object store's credentials). So it
+lives in the runtime, which every injected training image has (installed, or copied in by the
+zero-code init container), and uses only the standard library (fsspec for s3://, when installed).
+
+Where to look comes from the env the webhook injected: CHECKPOINT_URI (persistent) and
+CHECKPOINT_LOCAL_DIR (the ramdisk tier). It only reads: never verifies checksums (hashing a large
+checkpoint would slow the training beside it), never follows a symlink, never removes anything.
+Everything is bounded, since a volume may hold anything: directory entries read per tier, files
+walked per checkpoint, checkpoints listed (the newest first), and the size of the output, which
+drops the oldest entries to fit and says so (`truncated`). The output is ASCII JSON
+(`ensure_ascii`), so hostile names reach the CLI as escapes, never as terminal control bytes.
+
+Per checkpoint `state` is one of:
+- `complete`: manifest valid, sentinel gone, every listed file present with its size;
+- `damaged`: manifest valid and sentinel gone, but files are missing or of another size (resume
+  would reject it);
+- `invalid`: sentinel gone, but the manifest is unreadable or breaks the contract;
+- `writing`: the sentinel is there and its writer's heartbeat is live (handover.py);
+- `incomplete`: anything else (no manifest, or a sentinel nobody touches: a crashed save).
+
+The manifest does not record why a checkpoint was written; a `reason` key, where a writer adds
+one, is passed on. The latest checkpoint's reason is in the TrainingProgress status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import sys
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from .contract import (
+    CHECKPOINT_LOCAL_DIR,
+    CHECKPOINT_URI,
+    INCOMPLETE_SENTINEL,
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    ContractError,
+    Manifest,
+    checkpoint_dir_name,
+    parse_checkpoint_dir_name,
+    verify,
+)
+from .contract.progress import format_rfc3339
+
+FORMAT_VERSION: Final = 1
+DEFAULT_MAX_ENTRIES: Final = 200
+DEFAULT_MAX_BYTES: Final = 256 * 1024
+MAX_DIR_ENTRIES: Final = 10_000  # entries read from one tier's root
+MAX_WALK_FILES: Final = 10_000  # files counted in one checkpoint without a manifest
+MAX_PROBLEMS: Final = 5  # problems reported per checkpoint
+MAX_TEXT: Final = 300  # characters of one problem or error message
+LIVE_SECONDS: Final = 5.0  # a sentinel touched this recently has a live writer (handover.py)
+
+
+def _text(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def _time_of(seconds: float) -> str:
+    return format_rfc3339(datetime.fromtimestamp(seconds, UTC))
+
+
+def _walk_size(path: Path) -> tuple[int, int, bool]:
+    """(files, bytes, capped) of the regular files under `path`, symlinks not followed."""
+    files = size = 0
+    stack = [path]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    if files >= MAX_WALK_FILES:
+                        return files, size, True
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+                    elif entry.is_file(follow_symlinks=False):
+                        if entry.name in (MANIFEST_FILE, INCOMPLETE_SENTINEL):
+                            continue
+                        files += 1
+                        size += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue  # unreadable subdirectory: count what can be read
+    return files, size, False
+
+
+def _read_manifest(path: Path) -> Manifest:
+    """The manifest, read without following a symlinked manifest.json (OSError, ContractError)."""
+    fd = os.open(path / MANIFEST_FILE, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ContractError("manifest.json is not a regular file")
+        return Manifest.from_json(f.read(MAX_MANIFEST_BYTES + 1))
+
+
+def describe_checkpoint(path: Path, step: int, tier: str, now: float) -> dict[str, Any]:
+    """What one `checkpoint-<step>` directory of a filesystem tier holds."""
+    info: dict[str, Any] = {
+        "tier": tier,
+        "name": checkpoint_dir_name(step),
+        "step": step,
+        "location": str(path),
+        "complete": False,
+        "state": "incomplete",
+        "time": None,
+        "bytes": None,
+        "files": None,
+        "problems": [],
+    }
+    problems: list[str] = info["problems"]
+    try:
+        sentinel = os.lstat(path / INCOMPLETE_SENTINEL)
+    except FileNotFoundError:
+        sentinel = None
+    except OSError as e:
+        sentinel = None
+        problems.append(_text(f"sentinel unreadable: {e.strerror}"))
+    manifest: Manifest | None = None
+    has_manifest = os.path.lexists(path / MANIFEST_FILE)
+    if has_manifest:
+        try:
+            manifest = _read_manifest(path)
+        except (OSError, ValueError) as e:  # ContractError is a ValueError
+            problems.append(_text(f"unreadable manifest: {e}"))
+    if manifest is not None:
+        info.update(
+            time=manifest.time,
+            epoch=manifest.epoch,
+            worldSize=manifest.world_size,
+            framework=manifest.framework,
+            bytes=manifest.total_size,
+            files=len(manifest.files),
+        )
+        if manifest.tier != tier:
+            problems.append(_text(f"manifest says tier {manifest.tier}"))
+        reason = manifest.extra.get("reason")
+        if isinstance(reason, str) and reason:
+            info["reason"] = _text(reason)
+    else:
+        files, size, capped = _walk_size(path)
+        info.update(files=files, bytes=size)
+        if capped:
+            info["sizeIsPartial"] = True
+        try:
+            info["time"] = _time_of(os.lstat(path).st_mtime)
+        except OSError:
+            pass
+    if sentinel is not None:
+        live = now - sentinel.st_mtime < LIVE_SECONDS
+        info["state"] = "writing" if live else "incomplete"
+        if not live:
+            problems.append("sentinel left behind: the save did not finish")
+    elif not has_manifest:
+        problems.append("no manifest: the save did not finish")
+    elif manifest is None:
+        info["state"] = "invalid"
+    else:
+        found = verify(path, manifest, checksums=False)  # sizes only: cheap, no hashing
+        if found:
+            info["state"] = "damaged"
+            problems.extend(_text(p) for p in found[:MAX_PROBLEMS])
+            if len(found) > MAX_PROBLEMS:
+                problems.append(f"... and {len(found) - MAX_PROBLEMS} more")
+        else:
+            info["state"] = "complete"
+            info["complete"] = True
+    del problems[MAX_PROBLEMS + 1 :]
+    return info
+
+
+def list_directory_tier(root: str, tier: str, now: float) -> tuple[list[dict[str, Any]], dict]:
+    """The checkpoints of a filesystem tier, and the tier's own entry (root, error, capped)."""
+    summary: dict[str, Any] = {"tier": tier, "root": _text(root), "error": None}
+    found: list[dict[str, Any]] = []
+    try:
+        with os.scandir(root) as it:
+            for i, entry in enumerate(it):
+                if i >= MAX_DIR_ENTRIES:
+                    summary["capped"] = True
+                    break
+                step = parse_checkpoint_dir_name(entry.name)
+                # Symlinks are not checkpoints to the runtime either (layout.scan).
+                if step is None or not entry.is_dir(follow_symlinks=False):
+                    continue
+                found.append(describe_checkpoint(Path(entry.path), step, tier, now))
+    except FileNotFoundError:
+        summary["error"] = "does not exist (no checkpoint written yet?)"
+    except OSError as e:
+        summary["error"] = _text(f"unreadable: {e.strerror or e}")
+    return found, summary
+
+
+def list_s3_tier(uri: str, tier: str) -> tuple[list[dict[str, Any]], dict]:
+    """The checkpoints under an s3:// URI (fsspec/s3fs, with the pod's AWS_* credentials)."""
+    summary: dict[str, Any] = {"tier": tier, "root": _text(uri), "error": None}
+    found: list[dict[str, Any]] = []
+    try:
+        from .storage import _s3_filesystem
+
+        fs = _s3_filesystem()
+        root = uri.rstrip("/").split("://", 1)[1]
+        names = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        summary["error"] = "does not exist (no checkpoint written yet?)"
+        return found, summary
+    except Exception as e:  # a missing package, credentials, the network: say which, go on
+        summary["error"] = _text(f"cannot list: {e}")
+        return found, summary
+    for key in names[:MAX_DIR_ENTRIES]:
+        name = str(key).rstrip("/").rsplit("/", 1)[-1]
+        step = parse_checkpoint_dir_name(name)
+        if step is None:
+            continue
+        info: dict[str, Any] = {
+            "tier": tier,
+            "name": name,
+            "step": step,
+            "location": f"{uri.rstrip('/')}/{name}",
+            "complete": False,
+            "state": "incomplete",
+            "time": None,
+            "bytes": None,
+            "files": None,
+            "problems": [],
+        }
+        try:
+            objects = fs.find(f"{root}/{name}", detail=True)
+            rel = {k[len(root) + len(name) + 2 :]: v for k, v in list(objects.items())}
+            data = rel.get(MANIFEST_FILE)
+            if data is not None and int(data.get("size") or 0) <= MAX_MANIFEST_BYTES:
+                manifest = Manifest.from_json(fs.cat_file(f"{root}/{name}/{MANIFEST_FILE}"))
+                info.update(
+                    time=manifest.time,
+                    epoch=manifest.epoch,
+                    worldSize=manifest.world_size,
+                    framework=manifest.framework,
+                    bytes=manifest.total_size,
+                    files=len(manifest.files),
+                )
+                missing = [f.path for f in manifest.files if f.path not in rel]
+                if INCOMPLETE_SENTINEL in rel:
+                    info["problems"].append("sentinel present: the upload did not finish")
+                elif missing:
+                    info["state"] = "damaged"
+                    info["problems"].append(_text(f"missing file: {missing[0]}"))
+                else:
+                    info["state"], info["complete"] = "complete", True
+            else:
+                others = [v for k, v in rel.items() if k != INCOMPLETE_SENTINEL]
+                info.update(files=len(others), bytes=sum(int(v.get("size") or 0) for v in others))
+                info["problems"].append("no manifest: the upload did not finish")
+        except (OSError, ValueError) as e:
+            info["state"] = "invalid"
+            info["problems"].append(_text(f"unreadable manifest: {e}"))
+        found.append(info)
+    return found, summary
+
+
+def listing(
+    persistent: str | None,
+    local: str | None,
+    *,
+    max_entries: int = DEFAULT_MAX_ENTRIES,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """The document `main` prints: both tiers' checkpoints, newest step first."""
+    now = time.time() if now is None else now
+    checkpoints: list[dict[str, Any]] = []
+    tiers: list[dict[str, Any]] = []
+    for tier, root in (("persistent", persistent), ("local", local)):
+        if not root:
+            continue
+        if root.startswith("file://"):
+            root = root[len("file://") :]
+        if "://" in root:
+            if root.split("://", 1)[0].lower() == "s3":
+                found, summary = list_s3_tier(root, tier)
+            else:
+                found, summary = [], {"tier": tier, "root": root, "error": "unsupported scheme"}
+        else:
+            found, summary = list_directory_tier(root, tier, now)
+        checkpoints += found
+        tiers.append(summary)
+    checkpoints.sort(key=lambda c: (-c["step"], c["tier"]))
+    truncated = len(checkpoints) > max_entries
+    return {
+        "formatVersion": FORMAT_VERSION,
+        "time": _time_of(now),
+        "tiers": tiers,
+        "checkpoints": checkpoints[:max_entries],
+        "total": len(checkpoints),
+        "truncated": truncated,
+    }
+
+
+def render(doc: dict[str, Any], max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+    """`doc` as one line of ASCII JSON of at most `max_bytes` (tier entries are short): the
+    oldest checkpoints are left out to fit, and `truncated` says so."""
+
+    def dump(value: object) -> str:
+        return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+
+    entries = [dump(c) for c in doc["checkpoints"]]
+    budget = max_bytes - len(dump(dict(doc, checkpoints=[], truncated=False)))
+    kept = 0
+    for entry in entries:
+        budget -= len(entry) + 1  # and its comma
+        if budget < 0:
+            break
+        kept += 1
+    truncated = bool(doc.get("truncated")) or kept < len(entries)
+    return dump(dict(doc, checkpoints=doc["checkpoints"][:kept], truncated=truncated))
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer_runtime.listing",
+        description="List this pod's checkpoints (read-only) as JSON, for `kubeckpt checkpoints`.",
+    )
+    parser.add_argument("--persistent", default=env.get(CHECKPOINT_URI, ""))
+    parser.add_argument("--local", default=env.get(CHECKPOINT_LOCAL_DIR, ""))
+    parser.add_argument("--max-entries", type=int, default=DEFAULT_MAX_ENTRIES)
+    parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES)
+    args = parser.parse_args(argv)
+    if args.max_entries < 1 or args.max_bytes < 1024:
+        parser.error("--max-entries must be >= 1 and --max-bytes >= 1024")
+    doc = listing(args.persistent or None, args.local or None, max_entries=args.max_entries)
+    sys.stdout.write(render(doc, args.max_bytes) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
