@@ -610,8 +610,11 @@ class LocalCluster:
                 "--leader-elect=false",
                 # nodelifecycle lifts the not-ready taint that admission puts on every new node,
                 # and taints nodes that stop heartbeating (a preemption test can use that).
+                # clusterrole-aggregation: view/edit/admin gain kubeckpt's user roles, as on
+                # any real cluster.
                 "--controllers=garbagecollector,namespace,serviceaccount,serviceaccount-token,"
-                "root-ca-cert-publisher,nodelifecycle,persistentvolume-binder"
+                "root-ca-cert-publisher,nodelifecycle,persistentvolume-binder,"
+                "clusterrole-aggregation"
                 # Pods that run for real: our Deployments, Services' endpoints, Jobs, evictions.
                 + (REAL_NODE_CONTROLLERS if self.node is not None else ""),
                 "--node-monitor-period=1s",
