@@ -17,7 +17,6 @@ import datetime as dt
 import hashlib
 import ipaddress
 import ssl
-import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from .errors import KubeError
+from .pem_files import pem_paths
 
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
@@ -127,11 +127,9 @@ def server_tls(cert_dir: str | None, hosts: Sequence[str] = ("localhost",)) -> s
         ctx.load_cert_chain(Path(cert_dir, "tls.crt"), Path(cert_dir, "tls.key"))
         return ctx
     cert, key = _self_signed(hosts)
-    with tempfile.TemporaryDirectory() as d:  # load_cert_chain reads files only
-        Path(d, "tls.crt").write_bytes(cert)
-        Path(d, "tls.key").write_bytes(key)
-        Path(d, "tls.key").chmod(0o600)
-        ctx.load_cert_chain(Path(d, "tls.crt"), Path(d, "tls.key"))
+    # Not a temporary directory: the container's root filesystem is read-only, with no /tmp.
+    with pem_paths(cert, key) as (cert_path, key_path):
+        ctx.load_cert_chain(cert_path, key_path)
     return ctx
 
 

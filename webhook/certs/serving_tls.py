@@ -16,13 +16,12 @@ established connections keep the certificate they started with; nothing is dropp
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
-import os
 import ssl
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+
+from reconciler.pem_files import pem_paths
 
 from .pki import CertificateError, CertInfo, check_pair, load_certs
 
@@ -38,36 +37,6 @@ def _server_context() -> ssl.SSLContext:
     ctx.minimum_version = MIN_TLS
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
     return ctx
-
-
-@contextlib.contextmanager
-def _pem_paths(cert_pem: bytes, key_pem: bytes) -> Iterator[tuple[str, str]]:
-    """File paths holding the PEM data, for `load_cert_chain`, which reads only files.
-
-    On Linux the files are anonymous memory (memfd), so the private key never touches a disk;
-    elsewhere a private temporary directory (mode 0700, files 0600) removed right after.
-    """
-    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
-        fds: list[int] = []
-        try:
-            for data in (cert_pem, key_pem):
-                fd = os.memfd_create("kubeckpt-tls", os.MFD_CLOEXEC)
-                fds.append(fd)
-                os.write(fd, data)
-            yield f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}"
-        finally:
-            for fd in fds:
-                os.close(fd)
-        return
-    with tempfile.TemporaryDirectory(prefix="kubeckpt-tls-") as d:
-        paths = []
-        for name, data in (("tls.crt", cert_pem), ("tls.key", key_pem)):
-            p = os.path.join(d, name)
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            paths.append(p)
-        yield paths[0], paths[1]
 
 
 class ServingTLS:
@@ -148,7 +117,7 @@ class ServingTLS:
             load_certs(ca_pem)  # reject a malformed bundle before anything changes
         inner = _server_context()
         try:
-            with _pem_paths(cert_pem, key_pem) as (cert_path, key_path):
+            with pem_paths(cert_pem, key_pem) as (cert_path, key_path):
                 inner.load_cert_chain(cert_path, key_path)
                 self._context.load_cert_chain(cert_path, key_path)
         except ssl.SSLError as e:
