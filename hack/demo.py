@@ -351,7 +351,7 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
         watch.stop()
         watch = None
         checks.check(
-            any(re.search(rf"tp -w \| {JOB}\s+{JOB}\s+\d+", ln) for ln in _said),
+            any(re.search(rf"tp -w \| {JOB}\s+{JOB}\s+Training\s+\d+", ln) for ln in _said),
             "kubectl get tp -w followed the job",
         )
         show(cluster, "describe", "tp", JOB, "-n", NAMESPACE)
