@@ -31,8 +31,9 @@ import jax
 import numpy as np
 
 from ..config import Config
-from ..contract import PREEMPTED_EXIT_CODE, Manifest, checkpoint_dir_name
+from ..contract import Manifest
 from ..protocol import Checkpointer, Report, SaveResult
+from ..protocol.adapter import AdapterBase
 from ..protocol.resume import same_world_size
 from ..storage import LocalTier, Tier
 from . import local_format, orbax_format
@@ -114,7 +115,7 @@ def _manifest_format(manifest: Manifest) -> str:
     return info.get("format", "orbax") if isinstance(info, dict) else "orbax"
 
 
-class CheckpointManager:
+class CheckpointManager(AdapterBase):
     def __init__(
         self,
         *,
@@ -164,60 +165,6 @@ class CheckpointManager:
             total_steps=total_steps,
             total_epochs=total_epochs,
         )
-
-    def __enter__(self) -> CheckpointManager:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ the protocol's state
-
-    @property
-    def persistent(self) -> Tier | None:
-        return self._ckpt.persistent
-
-    @property
-    def local(self) -> LocalTier | None:
-        return self._ckpt.local
-
-    @property
-    def progress(self) -> Any:
-        return self._ckpt.progress
-
-    @property
-    def stopped(self) -> bool:
-        return self._ckpt.stopped
-
-    @property
-    def last_result(self) -> SaveResult | None:
-        return self._ckpt.last_result
-
-    @property
-    def last_error(self) -> str | None:
-        return self._ckpt.last_error
-
-    @property
-    def failed_saves(self) -> int:
-        return self._ckpt.failed_saves
-
-    @property
-    def resumed_from(self) -> str | None:
-        """ "checkpoint-<step>" this process resumed from."""
-        restored = self._ckpt.resumed
-        return checkpoint_dir_name(restored.step) if restored else None
-
-    @property
-    def resumed_tier(self) -> str | None:
-        """ "local" or "persistent"."""
-        restored = self._ckpt.resumed
-        return restored.tier.name if restored else None
-
-    @property
-    def exit_code(self) -> int:
-        """0, or PREEMPTED_EXIT_CODE (143) after a just-in-time stop, so that the job controller
-        restarts the job instead of counting the preempted pod a success."""
-        return PREEMPTED_EXIT_CODE if self.stopped else 0
 
     # ------------------------------------------------------------------ restore
 

@@ -40,14 +40,13 @@ from ..config import Config
 from ..contract import (
     INCOMPLETE_SENTINEL,
     MANIFEST_FILE,
-    PREEMPTED_EXIT_CODE,
     Manifest,
-    checkpoint_dir_name,
 )
 from ..fsutil import write_durable
 from ..protocol import Checkpointer, Report, RestoreError, SaveResult
+from ..protocol.adapter import AdapterBase
 from ..protocol.resume import same_world_size
-from ..storage import LocalTier, Tier
+from ..storage import Tier
 from . import dcp as dcp_format
 from . import plain, reshard, workers
 from .agreement import groups, member
@@ -116,7 +115,7 @@ class _TorchLoader:
         mgr._apply_small(small["state"], same_rank=small["same_rank"], manifest=manifest)
 
 
-class CheckpointManager:
+class CheckpointManager(AdapterBase):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -209,54 +208,6 @@ class CheckpointManager:
             total_steps=total_steps,
             total_epochs=total_epochs,
         )
-
-    def __enter__(self) -> CheckpointManager:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ the protocol's state
-
-    @property
-    def persistent(self) -> Tier | None:
-        return self._ckpt.persistent
-
-    @property
-    def local(self) -> LocalTier | None:
-        return self._ckpt.local
-
-    @property
-    def progress(self) -> Any:
-        return self._ckpt.progress
-
-    @property
-    def stopped(self) -> bool:
-        return self._ckpt.stopped
-
-    @property
-    def last_result(self) -> SaveResult | None:
-        return self._ckpt.last_result
-
-    @property
-    def last_error(self) -> str | None:
-        return self._ckpt.last_error
-
-    @property
-    def failed_saves(self) -> int:
-        return self._ckpt.failed_saves
-
-    @property
-    def resumed_from(self) -> str | None:
-        """ "checkpoint-<step>" this process resumed from."""
-        restored = self._ckpt.resumed
-        return checkpoint_dir_name(restored.step) if restored else None
-
-    @property
-    def resumed_tier(self) -> str | None:
-        """ "local" or "persistent"."""
-        restored = self._ckpt.resumed
-        return restored.tier.name if restored else None
 
     # ------------------------------------------------------------------ restore
 
@@ -401,13 +352,6 @@ class CheckpointManager:
         if self.progress.due(step):
             self._write_progress(step, loss, learning_rate, metrics)
         return False
-
-    @property
-    def exit_code(self) -> int:
-        """What the training process should exit with: 0, or PREEMPTED_EXIT_CODE (143) after a
-        just-in-time stop, so that the job controller restarts the job instead of counting the
-        preempted pod a success (`return mgr.exit_code` at the end of the script)."""
-        return PREEMPTED_EXIT_CODE if self.stopped else 0
 
     # ------------------------------------------------------------------ saving
 
