@@ -1,8 +1,9 @@
 """Our client, informer, exec and leader election beside the official clients (issue 16).
 
 Usage: PYTHONPATH=hack python hack/bench/client_peers.py [--sizes 5000,20000] [--rounds 3]
-       [--updates 200] [--execs 200] [--lease 15,10,2] [--parts list,informer,exec,leader]
-(starts its own local control plane, one KWOK node, for the run)
+       [--updates 200] [--execs 200] [--lease 15,10,2] [--window 60]
+       [--parts list,informer,exec,leader] [--leader-only ours|official]
+(starts its own local control plane, one KWOK node, for the run; about 16 minutes by default)
 
 One run, one API server, the same ConfigMaps (about 1 KiB each, as informer_bench.py) for every
 contender. Each part runs a warm-up round (discarded) and then `--rounds` rounds; the contenders'
@@ -18,10 +19,9 @@ order is reversed every other round. Every measurement is a process of its own, 
    (paged, and unpaged) beside `kubernetes.informer.SharedInformer` (threads; one unpaged LIST
    into models: it has no paging).
 3. Exec: `cat` of a small file in a KWOK pod, `--execs` times sequentially and with 10 at once:
-   ours (`exec_command`, which negotiates v5) beside `kubernetes.aio.stream.WsApiClient` told
-   to use v5 and with its default, v4; the output is checked;
-   peak RSS and open fds after. Once each: what comes back for stderr, an exit status and binary
-   output.
+   ours (`exec_command`, which negotiates v5) beside `kubernetes.aio.stream.WsApiClient` told to
+   use v5 and with its default, v4; the output is checked; peak RSS and open fds after. Once
+   each: what comes back for stderr, an exit status and binary output.
 4. Leader election: two candidates on one Lease, each through its own TCP proxy; the leader's
    proxy is blackholed (a silent partition). Failover: from the cut to the new leader's first
    action. Overlap: the old leader's last action minus the new one's first (> 0: both acted at
