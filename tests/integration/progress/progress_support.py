@@ -141,3 +141,22 @@ def event_counts(
     for e in job_events(cluster, namespace, name, kind):
         out[e["reason"]] = out.get(e["reason"], 0) + int(e.get("count") or 1)
     return out
+
+
+def record_writes(ctrl: ProgressController, ns: str) -> list[tuple[str, dict, dict]]:
+    """(key, stored status, written status) of every status write the controller makes in ns.
+
+    Only ns: an earlier test's namespace, deleted without waiting, can still hold jobs whose
+    pods go first, and the controller rightly writes PodNotFound for them (seen in CI).
+    """
+    out: list[tuple[str, dict, dict]] = []
+    write = ctrl._write
+
+    async def recording(key: str, job: dict, tp: dict, prev: dict, dec: Any) -> None:
+        n = ctrl.stats["writes"]
+        await write(key, job, tp, prev, dec)
+        if ctrl.stats["writes"] > n and key.startswith(f"{ns}/"):
+            out.append((key, prev, dec.status))
+
+    ctrl._write = recording  # type: ignore[method-assign]
+    return out

@@ -17,6 +17,7 @@ from progress_support import (
     get_tp,
     job_events,
     progress,
+    record_writes,
     running_controller,
     start_job,
     write_atomic,
@@ -25,7 +26,6 @@ from progress_support import (
 from localcluster import LocalCluster
 from reconciler.client import Client
 from reconciler.exec import ExecError, exec_command
-from reconciler.progress.controller import ProgressController
 
 INTERVAL = 1.1  # FAST: 1 s plus up to 10% jitter
 WITHIN = INTERVAL + 4.0  # one interval, plus exec and watch latency on a busy 2-core machine
@@ -52,7 +52,7 @@ async def test_follows_the_file_keeps_good_values_on_bad_input_and_goes_with_the
     path = start_job(kwok, ns, "train", progress(1))
     other = start_job(kwok, ns, "other", progress(7))
     async with running_controller(client) as ctrl:
-        writes = record_writes(ctrl)
+        writes = record_writes(ctrl, ns)
         tp = await eventually(lambda: step_is(client, ns, "train", 1), "first record", 90)
         job = json.loads(kwok.kubectl("get", "pytorchjob", "train", "-n", ns, "-o", "json").stdout)
         assert tp["spec"]["jobRef"] == {
@@ -191,7 +191,7 @@ async def test_one_exec_failure_is_not_written_two_in_a_row_are(
         return await exec_command(*args, **kw)
 
     async with running_controller(client, exec_fn=blipping_exec) as ctrl:
-        writes = record_writes(ctrl)
+        writes = record_writes(ctrl, ns)
         await eventually(lambda: step_is(client, ns, "blip", 1), "first record", 90)
         await eventually(lambda: ctrl.stats["skipped_writes"] >= 1, "a read with no change", 10)
         mark, reads = len(writes), ctrl.stats["reads"]
@@ -217,21 +217,6 @@ async def test_one_exec_failure_is_not_written_two_in_a_row_are(
         tp = await eventually(lambda: step_is(client, ns, "blip", 2), "step 2", WITHIN)
         assert cond(tp, "Progressing")["status"] == "True", tp
     assert all(k == key for k, *_ in writes[mark:]), writes[mark:]
-
-
-def record_writes(ctrl: ProgressController) -> list[tuple[str, dict, dict]]:
-    """(key, stored status, written status) of every status write the controller makes."""
-    out: list[tuple[str, dict, dict]] = []
-    write = ctrl._write
-
-    async def recording(key: str, job: dict, tp: dict, prev: dict, dec: Any) -> None:
-        n = ctrl.stats["writes"]
-        await write(key, job, tp, prev, dec)
-        if ctrl.stats["writes"] > n:
-            out.append((key, prev, dec.status))
-
-    ctrl._write = recording  # type: ignore[method-assign]
-    return out
 
 
 def _diff(old: dict, new: dict) -> dict:
