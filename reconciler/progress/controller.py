@@ -18,13 +18,9 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from reconciler.apply import apply_status, status_patch
 from reconciler.clock import REAL_CLOCK, Clock
@@ -32,14 +28,13 @@ from reconciler.controller import Request, Result
 from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotFound
 from reconciler.exec import exec_command
 from reconciler.manager import Manager
-from reconciler.objects import KubeObject, name_of, namespace_of, object_key
+from reconciler.objects import KubeObject, name_of, namespace_of
 from reconciler.resources import PODS, Resource
-from trainer_runtime.contract.env import parse_duration
 from trainer_runtime.contract.optin import opted_in, select_policy
-from trainer_runtime.contract.progress import parse_rfc3339
 
 from . import discovery as d
 from .lastcheckpoint import pod_patch, wanted
+from .metrics import ProgressCollector
 from .reading import ExecFn, ReadError, parse, read_file
 from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
 from .status import API_VERSION, FIELD_MANAGER, KIND, Decision, Observation, changed, decide
@@ -185,7 +180,8 @@ class ProgressController:
         self._trainer_conflicts: set[str] = set()
         self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0, "annotation_writes": 0}
         self.manager_metrics = manager.metrics
-        manager.metrics.registry.register(_ProgressCollector(self))
+        self.manager = manager
+        manager.metrics.registry.register(ProgressCollector(self))
 
     # --- helpers ---
     def _forget(self, key: str) -> None:
@@ -203,6 +199,11 @@ class ProgressController:
         if inf is not None and (job := inf.store.get(key)) is not None:
             return job, d.TRAINJOB
         return None, d.PYTORCHJOB
+
+    def stored(self, key: str, tp: KubeObject) -> KubeObject:
+        """The newer of the cached TrainingProgress and the one this controller last wrote (the
+        cache lags its own writes)."""
+        return self._stored(key, tp) if key in self._written else tp
 
     def _stored(self, key: str, tp: KubeObject) -> KubeObject:
         mine = self._written.get(key)
@@ -488,72 +489,3 @@ class ProgressController:
             self._trainer_conflicts.add(key)
         except NotFound:
             pass
-
-
-def _float(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-class _ProgressCollector(Collector):
-    """Per-job gauges, computed at scrape time from the cached TrainingProgress of jobs that
-    still exist (so a job's series go with it)."""
-
-    def __init__(self, ctrl: ProgressController) -> None:
-        self.ctrl = ctrl
-
-    def collect(self) -> Any:
-        labels = ["namespace", "job"]
-        fams = {
-            "step": GaugeMetricFamily("kubeckpt_training_step", "Current step", labels=labels),
-            "percentComplete": GaugeMetricFamily(
-                "kubeckpt_training_percent_complete", "Percent complete", labels=labels
-            ),
-            "loss": GaugeMetricFamily("kubeckpt_training_loss", "Latest loss", labels=labels),
-            "eta": GaugeMetricFamily(
-                "kubeckpt_training_eta_seconds", "Estimated seconds remaining", labels=labels
-            ),
-            "ckpt": GaugeMetricFamily(
-                "kubeckpt_seconds_since_last_checkpoint",
-                "Seconds since the latest complete checkpoint",
-                labels=labels,
-            ),
-        }
-        now = time.time()
-        for tp in list(self.ctrl.tps.store):
-            key = object_key(tp)
-            if self.ctrl.job(key)[0] is None:
-                continue
-            tp = self.ctrl._stored(key, tp) if key in self.ctrl._written else tp
-            st = tp.get("status") or {}
-            lv = [namespace_of(tp), name_of(tp)]
-            for field_, fam in (
-                ("step", "step"),
-                ("percentComplete", "percentComplete"),
-                ("loss", "loss"),
-            ):
-                if (v := _float(st.get(field_))) is not None:
-                    fams[fam].add_metric(lv, v)
-            eta = st.get("estimatedTimeRemaining")
-            if eta:
-                try:
-                    fams["eta"].add_metric(lv, float(parse_duration(eta)))
-                except (ValueError, TypeError):
-                    if (v := _float(eta)) is not None:
-                        fams["eta"].add_metric(lv, v)
-            when = (st.get("checkpointing") or {}).get("latestCheckpointTime")
-            if when:
-                try:
-                    fams["ckpt"].add_metric(lv, now - parse_rfc3339(when).timestamp())
-                except ValueError:
-                    pass
-        yield from fams.values()
-        for key, help_ in (
-            ("reads", "Progress reads through pods/exec"),
-            ("writes", "TrainingProgress status writes"),
-            ("skipped_writes", "Reads that changed nothing, so nothing was written"),
-            ("annotation_writes", "Pod patches of the last-checkpoint annotations"),
-        ):
-            yield CounterMetricFamily(f"kubeckpt_progress_{key}", help_, value=self.ctrl.stats[key])
