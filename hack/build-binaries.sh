@@ -162,6 +162,21 @@ build_coredns() {
   touch "$out/.complete"
 }
 
+# The monitoring test's Prometheus. Build tags leave out every service discovery but Kubernetes'
+# (the cloud SDKs are most of its compile time); the web UI's assets are not embedded (the test
+# uses the HTTP API only).
+build_prometheus() {
+  local out="$CACHE/prometheus-$PROMETHEUS_VERSION"
+  done_stamp "$out" && return
+  log "building Prometheus ($PROMETHEUS_VERSION)"
+  rm -rf "$out"
+  mkdir -p "$out"
+  GOBIN="$out" "$GO" install -tags remove_all_sd,enable_kubernetes_sd \
+    -ldflags "-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION" \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION" >&2
+  touch "$out/.complete"
+}
+
 # What the real node runs from Debian's packages: containerd (with ctr), runc, the CNI plugins,
 # iptables and conntrack for kube-proxy. Installed when missing and we are root.
 NODE_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack)
@@ -350,10 +365,11 @@ main() {
   build_kubernetes
   build_kubernetes_node
   build_coredns
+  build_prometheus
   find_kubectl
   ensure_node_packages
   ensure_test_packages
-  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION.env"
+  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION-$PROMETHEUS_VERSION.env"
   cat >"$envfile" <<EOF
 KUBECKPT_ETCD=$CACHE/etcd-$ETCD_VERSION/etcd
 KUBECKPT_KUBE_APISERVER=$CACHE/kubernetes-$K8S_VERSION/kube-apiserver
@@ -372,6 +388,7 @@ KUBECKPT_KUBECTL=$KUBECTL
 KUBECKPT_KUBELET=$CACHE/kubernetes-node-$K8S_VERSION/kubelet
 KUBECKPT_KUBE_PROXY=$CACHE/kubernetes-node-$K8S_VERSION/kube-proxy
 KUBECKPT_COREDNS=$CACHE/coredns-$COREDNS_VERSION/coredns
+KUBECKPT_PROMETHEUS=$CACHE/prometheus-$PROMETHEUS_VERSION/prometheus
 EOF
   log "binaries ready in $((SECONDS - start)) s"
   echo "$envfile"

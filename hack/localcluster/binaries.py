@@ -37,6 +37,8 @@ class Binaries:
     kubelet: Path
     kube_proxy: Path
     coredns: Path
+    # The monitoring test's Prometheus (tests/support/prometheus.py).
+    prometheus: Path
 
     @classmethod
     def from_env_file(cls, path: Path) -> Binaries:

@@ -17,6 +17,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
+from gen_dashboard import queries, variable_queries
 
 from localcluster import LocalCluster, wait_for
 from localcluster import addon as kubeckpt_addon
@@ -24,6 +26,7 @@ from localcluster.images import IMAGES
 from localcluster.node import NODE_NAME, RealNode
 from localcluster.pods import running, wait_pod
 from tests.support.node_pods import load_demo
+from tests.support.prometheus import Prometheus, scrape_config
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_NS = kubeckpt_addon.SYSTEM_NS
@@ -417,3 +420,94 @@ def job_condition(cluster: LocalCluster, ns: str, job: str, type_: str) -> str |
         return None
     conds = (json.loads(p.stdout).get("status") or {}).get("conditions") or []
     return next((c["status"] for c in conds if c["type"] == type_), None)
+
+
+WATCHED = "watched"
+
+
+def test_prometheus_scrapes_the_reconciler_and_the_dashboard_answers(
+    cluster: LocalCluster, addon: None, node_ns: str, tmp_path: Path
+) -> None:
+    """A real Prometheus scrapes the in-cluster reconciler as the ServiceMonitor of
+    config/prometheus says (discovery of the metrics Service's endpoints, HTTPS, the token of a
+    ServiceAccount that the overlay's ClusterRoleBinding lets read /metrics), and every query of
+    the Grafana dashboard answers for a training job with the job's own labels."""
+    demo = load_demo()
+    ns = node_ns
+    _opted_in(cluster, demo, ns)
+    cluster.kubectl(
+        "apply", "-n", ns, "-f", "-", input=json.dumps(_single_job(demo, WATCHED, 3000, 0.1))
+    )
+
+    component = REPO / "config" / "components" / "prometheus"
+    binding = component / "metrics_reader_binding.yaml"
+    subject = yaml.safe_load(binding.read_text())["subjects"][0]
+    cluster.kubectl("create", "namespace", subject["namespace"], check=False)
+    cluster.kubectl("create", "serviceaccount", subject["name"], "-n", subject["namespace"])
+    cluster.kubectl("apply", "-f", str(binding))
+    token = tmp_path / "token"
+    token.write_text(
+        cluster.kubectl(
+            "create", "token", subject["name"], "-n", subject["namespace"], "--duration=1h"
+        ).stdout.strip()
+    )
+    monitor = yaml.safe_load((component / "servicemonitor.yaml").read_text())
+    assert cluster.binaries is not None
+    prom = Prometheus(cluster.binaries.prometheus, tmp_path / "prometheus")
+    try:
+        prom.start(
+            [scrape_config(monitor, kubeconfig=cluster.kubeconfig, token_file=token, interval="2s")]
+        )
+        service = "kubeckpt-reconciler-metrics"
+
+        def both_replicas_up() -> bool:
+            ups = prom.query(f'up{{job="{service}"}}')
+            return len(ups) == 2 and all(u["value"][1] == "1" for u in ups)
+
+        try:
+            wait_for(both_replicas_up, "both reconciler replicas scraped", timeout=120)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}: {prom.targets()}\n{prom.logs()}") from e
+
+        sel = f'namespace="{ns}", job="{WATCHED}"'
+
+        def step() -> float:
+            got = prom.query(f"kubeckpt_training_step{{{sel}}}")
+            return float(got[0]["value"][1]) if got else -1.0
+
+        wait_for(lambda: step() >= 1, "the job's step in Prometheus", timeout=240)
+        first = step()
+        wait_for(lambda: step() > first, "the step to advance in Prometheus", timeout=60)
+        # One series, from the leader, with the job's labels (honorLabels), not exported_*.
+        (series,) = prom.query(f"kubeckpt_training_step{{{sel}}}")
+        labels = series["metric"]
+        assert "exported_job" not in labels and "exported_namespace" not in labels, labels
+        lease = json.loads(
+            cluster.kubectl(
+                "get", "lease", "kubeckpt-reconciler", "-n", SYSTEM_NS, "-o", "json"
+            ).stdout
+        )
+        assert lease["spec"]["holderIdentity"].split("_")[0] == labels["pod"], (lease, labels)
+
+        wait_for(
+            lambda: prom.query(f"kubeckpt_checkpoint_save_seconds{{{sel}}}"),
+            "a checkpoint's save seconds in Prometheus",
+            timeout=120,
+        )
+        for q in queries():
+            promql = q.replace("$namespace", ns).replace("$job", WATCHED)
+            got = prom.query(promql)
+            if "== 1" in q or "failed_saves" in q:  # not stalled, nothing failed
+                assert all(float(r["value"][1]) == 0 for r in got) or not got, (q, got)
+            else:
+                assert got, f"no data for the dashboard's {q!r}"
+        for v in variable_queries():
+            m = re.fullmatch(r"label_values\((.*), (\w+)\)", v)
+            assert m, v
+            selector = m.group(1).replace("$namespace", ns)
+            values = prom.api(f"label/{m.group(2)}/values", **{"match[]": selector})
+            assert {"namespace": ns, "job": WATCHED}[m.group(2)] in values, (v, values)
+    finally:
+        prom.stop()
+        cluster.kubectl("delete", "-f", str(binding), check=False)
+        cluster.kubectl("delete", "namespace", subject["namespace"], "--wait=false", check=False)
