@@ -20,7 +20,7 @@ from reconciler.errors import Conflict, NotFound
 from reconciler.informer import Informer
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of
-from trainer_runtime.contract.optin import INJECT_LABEL, NAMESPACE_OPT_IN
+from trainer_runtime.contract.optin import INJECT_LABEL, NAMESPACE_OPT_IN, policy_precedence_key
 from webhook.policy import policy_from_object
 
 from .status import FIELD_MANAGER, set_condition
@@ -28,11 +28,6 @@ from .status import FIELD_MANAGER, set_condition
 API_VERSION = "kubeckpt.io/v1alpha1"
 KIND = "CheckpointPolicy"
 READY = "Ready"
-
-
-def _order(obj: KubeObject) -> tuple[str, str]:
-    md = obj.get("metadata") or {}
-    return (str(md.get("creationTimestamp", "")), str(md.get("name", "")))
 
 
 def _selects_all(obj: KubeObject) -> bool:
@@ -65,9 +60,9 @@ def policy_status(
                 if name_of(p) != name_of(policy)
                 and not (p.get("metadata") or {}).get("deletionTimestamp")
                 and _selects_all(p)
-                and _order(p) < _order(policy)
+                and policy_precedence_key(p) < policy_precedence_key(policy)
             ),
-            key=_order,
+            key=policy_precedence_key,
         )
         if older:
             status, reason = "False", "Shadowed"
