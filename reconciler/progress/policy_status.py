@@ -23,9 +23,8 @@ from reconciler.objects import KubeObject, name_of, namespace_of
 from trainer_runtime.contract.optin import INJECT_LABEL, NAMESPACE_OPT_IN, policy_precedence_key
 from webhook.policy import policy_from_object
 
-from .status import FIELD_MANAGER, set_condition
+from .status import API_VERSION, FIELD_MANAGER, set_condition
 
-API_VERSION = "kubeckpt.io/v1alpha1"
 KIND = "CheckpointPolicy"
 READY = "Ready"
 
