@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from reconciler.apply import apply_status, status_patch
-from reconciler.controller import Request, Result
+from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import Conflict, NotFound
 from reconciler.informer import Informer
 from reconciler.manager import Manager
@@ -107,8 +108,14 @@ class PolicyStatusController:
         self.namespaces = namespaces
         self.writes = 0
         self.controller = manager.controller("policy-status", self.reconcile)
-        # Any policy's change can shadow or free its siblings: reconcile the whole namespace.
-        self.controller.watch(policies, self._namespace_policies, update_predicate=_spec_changed)
+        # Any policy's change can shadow or free its siblings: reconcile the whole namespace. Our
+        # status writes come back as updates and must not loop; spec edits bump generation, and a
+        # policy being deleted no longer shadows the others.
+        self.controller.watch(
+            policies,
+            self._namespace_policies,
+            update_predicate=partial(generation_changed, deletion=True),
+        )
         self.controller.watch(
             namespaces, self._policies_of_namespace, update_predicate=_labels_changed
         )
@@ -143,14 +150,6 @@ class PolicyStatusController:
             raise
         self.writes += 1
         return None
-
-
-def _spec_changed(old: KubeObject, new: KubeObject) -> bool:
-    # Our status writes come back as updates and must not loop; spec edits bump generation.
-    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
-    return om.get("generation") != nm.get("generation") or om.get("deletionTimestamp") != nm.get(
-        "deletionTimestamp"
-    )
 
 
 def _labels_changed(old: KubeObject, new: KubeObject) -> bool:
