@@ -15,7 +15,7 @@ import sys
 from typing import Any, TextIO
 
 from reconciler.errors import NotFound
-from reconciler.exec import ExecError, ExecResult, ExecTimeout, exec_command
+from reconciler.exec import ExecError, ExecResult, ExecTimeout, exec_command, executable_not_found
 from trainer_runtime import __version__
 from trainer_runtime.contract.jobkinds import job_kind
 from trainer_runtime.contract.optin import STATUS_ANNOTATION
@@ -31,17 +31,6 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_ENTRIES = 200
 DEFAULT_MAX_BYTES = 256 * 1024
 SLACK_BYTES = 4096  # a trailing newline, and an older listing's slightly different bound
-
-
-def _no_executable(err: BaseException | None, result: ExecResult | None) -> bool:
-    """The runtime could not start the program (what kubelets, runc and KWOK say)."""
-    if result is not None:
-        return result.exit_code == 127
-    text = str(err or "").lower()
-    return "executable file not found" in text or (
-        "no such file or directory" in text
-        and ("exec:" in text or "starting container process" in text)
-    )
 
 
 def _first_line(data: bytes, limit: int = 200) -> str:
@@ -144,13 +133,13 @@ async def run_listing(
                         raise too_slow from None
                     except ExecError as e:
                         result, err = None, e
-                if not _no_executable(err, result):
+                if not executable_not_found(err, result):
                     break
                 result = None
     except TimeoutError:
         raise too_slow from None
     if result is None:
-        if err is not None and not _no_executable(err, None):
+        if err is not None and not executable_not_found(err, None):
             raise CliError(f"cannot run the listing in {where}: {clean(str(err))}")
         raise CliError(
             f"{where} has no python3 or python: checkpoints are listed by the kubeckpt runtime "

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .clock import REAL_CLOCK, Clock
 from .informer import EventHandler, Informer
-from .objects import KubeObject, name_of, namespace_of, split_key
+from .objects import KubeObject, meta, name_of, namespace_of, split_key
 from .ratelimit import RateLimiter, default_controller_rate_limiter
 from .workqueue import ShutDown, WorkQueue
 
@@ -80,6 +80,17 @@ def owner_of(kind: str, api_group: str | None = None) -> Mapper:
         return out
 
     return mapper
+
+
+def generation_changed(old: KubeObject, new: KubeObject, *, deletion: bool = False) -> bool:
+    """An update predicate (controller-runtime's GenerationChangedPredicate): only a spec edit
+    bumps metadata.generation, a status write never does, so a controller that writes the status
+    of the objects it watches is not woken again by its own writes. With `deletion`, the update
+    that sets (or changes) metadata.deletionTimestamp passes too."""
+    om, nm = meta(old), meta(new)
+    if om.get("generation") != nm.get("generation"):
+        return True
+    return deletion and om.get("deletionTimestamp") != nm.get("deletionTimestamp")
 
 
 class Controller:

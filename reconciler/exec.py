@@ -104,6 +104,26 @@ def exit_code_from_status(status: dict[str, Any]) -> int | None:
     return None
 
 
+def executable_not_found(err: BaseException | None, result: ExecResult | None) -> bool:
+    """Whether an exec failed because the command's executable is not in the container.
+
+    Callers that try one program and then another (`cat`, then `python3`) need this, and there
+    is no single signal for it: the runtime (runc or crun under containerd, or KWOK's Go exec)
+    fails the exec itself, so there is no result, only an `ExecError` whose message says
+    "executable file not found in $PATH" or "exec: ...: no such file or directory" / "starting
+    container process ...: no such file or directory"; when the command is started through a
+    shell or wrapper, it runs and exits 127 (the shell's "command not found"). So: with a result,
+    exit code 127; without one, the error's message. Exit 126 (found, not executable) is not this.
+    """
+    if result is not None:
+        return result.exit_code == 127
+    text = str(err or "").lower()
+    return "executable file not found" in text or (
+        "no such file or directory" in text
+        and ("exec:" in text or "starting container process" in text)
+    )
+
+
 class _Sink:
     def __init__(self, cap: int) -> None:
         self.buf = bytearray()

@@ -102,13 +102,13 @@ def _read_manifest(path: Path) -> Manifest:
         return Manifest.from_json(f.read(MAX_MANIFEST_BYTES + 1))
 
 
-def describe_checkpoint(path: Path, step: int, tier: str, now: float) -> dict[str, Any]:
-    """What one `checkpoint-<step>` directory of a filesystem tier holds."""
-    info: dict[str, Any] = {
+def _entry(tier: str, name: str, step: int, location: str) -> dict[str, Any]:
+    """One checkpoint's entry before anything is known of it: incomplete until shown otherwise."""
+    return {
         "tier": tier,
-        "name": checkpoint_dir_name(step),
+        "name": name,
         "step": step,
-        "location": str(path),
+        "location": location,
         "complete": False,
         "state": "incomplete",
         "time": None,
@@ -116,6 +116,23 @@ def describe_checkpoint(path: Path, step: int, tier: str, now: float) -> dict[st
         "files": None,
         "problems": [],
     }
+
+
+def _manifest_info(manifest: Manifest) -> dict[str, Any]:
+    """What an entry takes from the checkpoint's manifest (both kinds of tier)."""
+    return {
+        "time": manifest.time,
+        "epoch": manifest.epoch,
+        "worldSize": manifest.world_size,
+        "framework": manifest.framework,
+        "bytes": manifest.total_size,
+        "files": len(manifest.files),
+    }
+
+
+def describe_checkpoint(path: Path, step: int, tier: str, now: float) -> dict[str, Any]:
+    """What one `checkpoint-<step>` directory of a filesystem tier holds."""
+    info = _entry(tier, checkpoint_dir_name(step), step, str(path))
     problems: list[str] = info["problems"]
     try:
         sentinel = os.lstat(path / INCOMPLETE_SENTINEL)
@@ -132,14 +149,7 @@ def describe_checkpoint(path: Path, step: int, tier: str, now: float) -> dict[st
         except (OSError, ValueError) as e:  # ContractError is a ValueError
             problems.append(_text(f"unreadable manifest: {e}"))
     if manifest is not None:
-        info.update(
-            time=manifest.time,
-            epoch=manifest.epoch,
-            worldSize=manifest.world_size,
-            framework=manifest.framework,
-            bytes=manifest.total_size,
-            files=len(manifest.files),
-        )
+        info.update(_manifest_info(manifest))
         if manifest.tier != tier:
             problems.append(_text(f"manifest says tier {manifest.tier}"))
         reason = manifest.extra.get("reason")
@@ -220,32 +230,14 @@ def list_s3_tier(uri: str, tier: str) -> tuple[list[dict[str, Any]], dict]:
         step = parse_checkpoint_dir_name(name)
         if step is None:
             continue
-        info: dict[str, Any] = {
-            "tier": tier,
-            "name": name,
-            "step": step,
-            "location": f"{uri.rstrip('/')}/{name}",
-            "complete": False,
-            "state": "incomplete",
-            "time": None,
-            "bytes": None,
-            "files": None,
-            "problems": [],
-        }
+        info = _entry(tier, name, step, f"{uri.rstrip('/')}/{name}")
         try:
             objects = fs.find(f"{root}/{name}", detail=True)
             rel = {k[len(root) + len(name) + 2 :]: v for k, v in list(objects.items())}
             data = rel.get(MANIFEST_FILE)
             if data is not None and int(data.get("size") or 0) <= MAX_MANIFEST_BYTES:
                 manifest = Manifest.from_json(fs.cat_file(f"{root}/{name}/{MANIFEST_FILE}"))
-                info.update(
-                    time=manifest.time,
-                    epoch=manifest.epoch,
-                    worldSize=manifest.world_size,
-                    framework=manifest.framework,
-                    bytes=manifest.total_size,
-                    files=len(manifest.files),
-                )
+                info.update(_manifest_info(manifest))
                 missing = [f.path for f in manifest.files if f.path not in rel]
                 if INCOMPLETE_SENTINEL in rel:
                     info["problems"].append("sentinel present: the upload did not finish")

@@ -24,7 +24,7 @@ from typing import Any
 
 from reconciler.apply import apply_status, status_patch
 from reconciler.clock import REAL_CLOCK, Clock
-from reconciler.controller import Request, Result
+from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotFound
 from reconciler.exec import exec_command
 from reconciler.manager import Manager
@@ -76,13 +76,6 @@ def _pod_changed(old: KubeObject, new: KubeObject) -> bool:
     om, nm = old.get("metadata") or {}, new.get("metadata") or {}
     return old.get("status") != new.get("status") or (
         om.get("deletionTimestamp") != nm.get("deletionTimestamp")
-    )
-
-
-def _spec_changed(old: KubeObject, new: KubeObject) -> bool:
-    # Our own status writes come back as updates: they must not trigger a read.
-    return (old.get("metadata") or {}).get("generation") != (new.get("metadata") or {}).get(
-        "generation"
     )
 
 
@@ -163,7 +156,8 @@ class ProgressController:
         self.controller = manager.controller("progress", self.reconcile, workers=workers)
         self.controller.watch(self.jobs, update_predicate=_job_changed)
         self.controller.watch(self.pods, pod_to_job, update_predicate=_pod_changed)
-        self.controller.watch(self.tps, update_predicate=_spec_changed)
+        # Our own status writes come back as updates: they must not trigger a read.
+        self.controller.watch(self.tps, update_predicate=generation_changed)
         for inf in self.bare_pods:
             self.controller.watch(inf, pod_to_job, update_predicate=lambda o, n: False)
         self._state: dict[str, _JobState] = {}

@@ -12,27 +12,22 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from reconciler.apply import apply_status, status_patch
-from reconciler.controller import Request, Result
+from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import Conflict, NotFound
 from reconciler.informer import Informer
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of
-from trainer_runtime.contract.optin import INJECT_LABEL, NAMESPACE_OPT_IN
+from trainer_runtime.contract.optin import INJECT_LABEL, NAMESPACE_OPT_IN, policy_precedence_key
 from webhook.policy import policy_from_object
 
-from .status import FIELD_MANAGER, set_condition
+from .status import API_VERSION, FIELD_MANAGER, set_condition
 
-API_VERSION = "kubeckpt.io/v1alpha1"
 KIND = "CheckpointPolicy"
 READY = "Ready"
-
-
-def _order(obj: KubeObject) -> tuple[str, str]:
-    md = obj.get("metadata") or {}
-    return (str(md.get("creationTimestamp", "")), str(md.get("name", "")))
 
 
 def _selects_all(obj: KubeObject) -> bool:
@@ -65,9 +60,9 @@ def policy_status(
                 if name_of(p) != name_of(policy)
                 and not (p.get("metadata") or {}).get("deletionTimestamp")
                 and _selects_all(p)
-                and _order(p) < _order(policy)
+                and policy_precedence_key(p) < policy_precedence_key(policy)
             ),
-            key=_order,
+            key=policy_precedence_key,
         )
         if older:
             status, reason = "False", "Shadowed"
@@ -113,8 +108,14 @@ class PolicyStatusController:
         self.namespaces = namespaces
         self.writes = 0
         self.controller = manager.controller("policy-status", self.reconcile)
-        # Any policy's change can shadow or free its siblings: reconcile the whole namespace.
-        self.controller.watch(policies, self._namespace_policies, update_predicate=_spec_changed)
+        # Any policy's change can shadow or free its siblings: reconcile the whole namespace. Our
+        # status writes come back as updates and must not loop; spec edits bump generation, and a
+        # policy being deleted no longer shadows the others.
+        self.controller.watch(
+            policies,
+            self._namespace_policies,
+            update_predicate=partial(generation_changed, deletion=True),
+        )
         self.controller.watch(
             namespaces, self._policies_of_namespace, update_predicate=_labels_changed
         )
@@ -149,14 +150,6 @@ class PolicyStatusController:
             raise
         self.writes += 1
         return None
-
-
-def _spec_changed(old: KubeObject, new: KubeObject) -> bool:
-    # Our status writes come back as updates and must not loop; spec edits bump generation.
-    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
-    return om.get("generation") != nm.get("generation") or om.get("deletionTimestamp") != nm.get(
-        "deletionTimestamp"
-    )
 
 
 def _labels_changed(old: KubeObject, new: KubeObject) -> bool:

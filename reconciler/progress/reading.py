@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.errors import ApiError, NotFound
-from reconciler.exec import ExecError, ExecResult, ExecTimeout
+from reconciler.exec import ExecError, ExecResult, ExecTimeout, executable_not_found
 from trainer_runtime.contract.errors import ContractError
 from trainer_runtime.contract.progress import MAX_PROGRESS_BYTES, ProgressRecord, parse_progress
 
@@ -41,16 +41,6 @@ class ReadError(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-
-
-def _not_found_exec(err: BaseException | None, result: ExecResult | None) -> bool:
-    if result is not None:
-        return result.exit_code == 127
-    text = str(err or "").lower()
-    return "executable file not found" in text or (
-        "no such file or directory" in text
-        and ("exec:" in text or "starting container process" in text)
-    )
 
 
 def _short(data: bytes, limit: int = 200) -> str:
@@ -101,11 +91,11 @@ async def read_file(
     """The file's bytes (at most READ_CAP) and whether the `python3` fallback was used."""
     result, err = await _run(exec_fn, client, namespace, pod, ["cat", path], container, timeout)
     fallback = False
-    if _not_found_exec(err, result):
+    if executable_not_found(err, result):
         fallback = True
         argv = ["python3", "-c", PYTHON_READER, path, str(READ_CAP)]
         result, err = await _run(exec_fn, client, namespace, pod, argv, container, timeout)
-        if _not_found_exec(err, result):
+        if executable_not_found(err, result):
             raise ReadError(
                 "NoReader", "the container has neither `cat` nor `python3` to read the file with"
             )

@@ -44,6 +44,14 @@ def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> 
     return True
 
 
+def policy_precedence_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """Sort key of CheckpointPolicies, first the one that wins: the oldest (creationTimestamp,
+    RFC 3339 in UTC, so it sorts as text), ties broken by name. The webhook's choice
+    (`select_policy`) and the policy status (which policy shadows which) both order by it."""
+    md = obj.get("metadata") or {}
+    return (str(md.get("creationTimestamp", "")), str(md.get("name", "")))
+
+
 def select_policy(
     policies: Iterable[Mapping[str, Any]], labels: Mapping[str, str]
 ) -> tuple[Mapping[str, Any] | None, list[str]]:
@@ -56,9 +64,7 @@ def select_policy(
             continue
         if selector_matches(spec.get("selector") or {}, labels):
             matching.append(obj)
-    matching.sort(
-        key=lambda o: (o["metadata"].get("creationTimestamp", ""), o["metadata"].get("name", ""))
-    )
+    matching.sort(key=policy_precedence_key)
     if len(matching) > 1:
         names = ", ".join(o["metadata"]["name"] for o in matching)
         warnings.append(f"kubeckpt: several CheckpointPolicies match ({names}); the oldest wins")

@@ -7,7 +7,7 @@ import asyncio
 from collections import Counter
 
 from reconciler.clock import FakeClock
-from reconciler.controller import Controller, Request, Result, owner_of
+from reconciler.controller import Controller, Request, Result, generation_changed, owner_of
 from reconciler.metrics import Metrics
 
 
@@ -141,3 +141,20 @@ def test_owner_mapping() -> None:
     assert owner_of("PyTorchJob", "batch")(pod) == []
     assert Request.from_key("ns/x") == Request("ns", "x")
     assert Request.from_key("x") == Request("", "x")
+
+
+def test_generation_changed_ignores_status_writes() -> None:
+    old = {"metadata": {"generation": 1, "resourceVersion": "1"}, "status": {}}
+    status_write = old | {
+        "metadata": old["metadata"] | {"resourceVersion": "2"},
+        "status": {"x": 1},
+    }
+    spec_edit = old | {"metadata": old["metadata"] | {"generation": 2}}
+    deleting = old | {"metadata": old["metadata"] | {"deletionTimestamp": "2025-01-01T00:00:00Z"}}
+    assert not generation_changed(old, status_write)
+    assert not generation_changed(old, status_write, deletion=True)
+    assert generation_changed(old, spec_edit)
+    assert generation_changed(old, spec_edit, deletion=True)
+    assert not generation_changed(old, deleting)
+    assert generation_changed(old, deleting, deletion=True)
+    assert generation_changed({}, {"metadata": {"generation": 1}})

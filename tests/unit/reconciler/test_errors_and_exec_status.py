@@ -14,7 +14,7 @@ from reconciler.errors import (
     ServiceUnavailable,
     api_error,
 )
-from reconciler.exec import exit_code_from_status
+from reconciler.exec import ExecError, ExecResult, executable_not_found, exit_code_from_status
 
 
 def status(code: int, reason: str, message: str = "m", **extra: object) -> bytes:
@@ -82,3 +82,29 @@ def test_non_json_body_and_ssa_conflicts() -> None:
 )
 def test_exit_codes_from_kubelet_and_kwok_statuses(st: dict, code: int | None) -> None:
     assert exit_code_from_status(st) == code
+
+
+@pytest.mark.parametrize(
+    ("err", "result", "missing"),
+    [
+        (None, ExecResult(exit_code=127, stderr=b"sh: cat: not found"), True),
+        (None, ExecResult(exit_code=126), False),  # found but not executable
+        (None, ExecResult(exit_code=1, stderr=b"cat: x: No such file or directory"), False),
+        (ExecError('exec: "cat": executable file not found in $PATH'), None, True),
+        (
+            ExecError(
+                "OCI runtime exec failed: exec failed: unable to start container process: "
+                'exec: "python3": stat python3: no such file or directory: unknown'
+            ),
+            None,
+            True,
+        ),
+        (ExecError("container not running (abc)"), None, False),
+        (ExecError("open /x: no such file or directory"), None, False),
+        (None, None, False),
+    ],
+)
+def test_executable_not_found(
+    err: BaseException | None, result: ExecResult | None, missing: bool
+) -> None:
+    assert executable_not_found(err, result) is missing
