@@ -2,15 +2,13 @@
 means. Pure: everything is derived from the status already stored and the new observation, so a
 restarted controller makes the same decisions (and no duplicate events) as the one before it.
 
-Field rules (config/crd/bases/kubeckpt.io_trainingprogresses.yaml): only the schema's fields are
-sent; strings over the schema's maxLength are cut (free text) or left out (decimals: a cut number
-would be wrong); every condition has a reason and a message.
+The record's fields are fitted to the CRD's schema by status_model.py; every condition has a
+reason and a message.
 """
 
 from __future__ import annotations
 
 import copy
-import unicodedata
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -23,6 +21,8 @@ from trainer_runtime.contract.progress import (
     format_rfc3339,
     parse_rfc3339,
 )
+
+from .status_model import RECORD_KEYS, printable, record_fields
 
 API_VERSION = "kubeckpt.io/v1alpha1"
 KIND = "TrainingProgress"
@@ -37,85 +37,6 @@ PROGRESSING, STALLED, CHECKPOINTING, COMPLETED = (
 INJECTED = "Injected"  # only once a pod of the job was created without injection
 NOT_INJECTED_PREFIX = "created without kubeckpt injection (was the webhook down?): "
 MAX_CONDITION_MESSAGE = 1024
-
-# key -> (kind, maxLength); kind "int", "decimal" (dropped when too long), "text" (cut), "time"
-_FIELDS: dict[str, tuple[str, int]] = {
-    "epoch": ("int", 0),
-    "totalEpochs": ("int", 0),
-    "step": ("int", 0),
-    "totalSteps": ("int", 0),
-    "loss": ("decimal", 64),
-    "learningRate": ("decimal", 64),
-    "percentComplete": ("decimal", 64),
-    "estimatedTimeRemaining": ("text", 64),
-    "stepSeconds": ("decimal", 64),
-    "accuracy": ("decimal", 64),
-    "validationLoss": ("decimal", 64),
-    "validationAccuracy": ("decimal", 64),
-    "resumedFrom": ("text", 1024),
-    "lastUpdateTime": ("time", 0),
-}
-_CHECKPOINTING_FIELDS: dict[str, tuple[str, int]] = {
-    "enabled": ("bool", 0),
-    "latestCheckpoint": ("text", 4096),
-    "checkpointsCreated": ("int", 0),
-    "latestCheckpointTime": ("time", 0),
-    "lastSaveSeconds": ("decimal", 64),
-    "lastStallSeconds": ("decimal", 64),
-    LATEST_CHECKPOINT_REASON: ("text", 32),
-    "failedSaves": ("int", 0),
-    "lastError": ("text", 300),
-    "lastFailedStep": ("int", 0),
-    "latestLocalCheckpoint": ("text", 4096),
-    "localCheckpointsCreated": ("int", 0),
-}
-# What the record gives; the rest of the status (conditions, source, ...) is the controller's.
-RECORD_KEYS = (*_FIELDS, "checkpointing")
-
-
-# Control, format (bidi overrides, zero-width), surrogate, private-use and line/paragraph
-# separator characters: a progress file is written by user code, and what it holds reaches
-# `kubectl describe` and Events; these could rewrite a terminal or hide text there.
-_UNSAFE = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
-
-
-def printable(text: str) -> str:
-    """`text` with every unsafe character written as an escape (\\x1b, \\u202e)."""
-    if all(unicodedata.category(ch) not in _UNSAFE for ch in text):
-        return text
-    return "".join(
-        ch
-        if unicodedata.category(ch) not in _UNSAFE
-        else (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
-        for ch in text
-    )
-
-
-def _fit(spec: dict[str, tuple[str, int]], data: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, (kind, limit) in spec.items():
-        if key not in data or data[key] is None:
-            continue
-        value = data[key]
-        if kind == "text":
-            value = printable(value)
-        if kind in ("decimal", "text") and len(value) > limit:
-            if kind == "decimal":
-                continue
-            value = value[: limit - 3] + "..."
-        elif kind == "time":
-            value = format_rfc3339(parse_rfc3339(value))  # one form: UTC, seconds
-        out[key] = value
-    return out
-
-
-def record_fields(record: ProgressRecord) -> dict[str, Any]:
-    """The status fields a (validated) record gives, fitted to the schema."""
-    data = record.to_dict()
-    out = _fit(_FIELDS, data)
-    if isinstance(data.get("checkpointing"), dict):
-        out["checkpointing"] = _fit(_CHECKPOINTING_FIELDS, data["checkpointing"])
-    return out
 
 
 def condition(conds: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:

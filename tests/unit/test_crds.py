@@ -767,12 +767,12 @@ def test_design_progress_file_fits_status(progress_root: dict[str, Any]) -> None
     assert set(PROGRESS_EXAMPLE) <= set(status_schema["properties"])
     # ...plus the runtime's keys beyond DESIGN.md's example: why the latest checkpoint exists,
     # the failure accounting and the local tier (trainer_runtime.contract.CheckpointingStatus).
-    from reconciler.progress.status import _CHECKPOINTING_FIELDS
+    from reconciler.progress.status_model import CheckpointingStatus
     from trainer_runtime.contract.progress import _CHECKPOINTING_KEYS
 
     schema_keys = set(status_schema["properties"]["checkpointing"]["properties"])
     assert schema_keys == set(_CHECKPOINTING_KEYS) | {"latestCheckpointReason"}
-    assert schema_keys == set(_CHECKPOINTING_FIELDS)
+    assert schema_keys == set(CheckpointingStatus.model_fields)
     failing = {
         "failedSaves": 2,
         "lastError": "rank 1: OSError: [Errno 28] No space left on device",
@@ -863,3 +863,29 @@ def test_kustomize_builds(overlay: str) -> None:
                 assert "namespace" not in d["metadata"]
     else:
         assert kinds == [("CheckpointPolicy", "default")]
+
+
+def test_status_models_restate_the_schema(progress_root: dict[str, Any]) -> None:
+    """reconciler/progress/status_model.py fits a record to the status schema: its fields, types
+    and limits must be the schema's, or the API server rejects or prunes what it writes."""
+    from reconciler.progress.status_model import CheckpointingStatus, RecordStatus, fits
+
+    status = progress_root["properties"]["status"]["properties"]
+    for model, props in (
+        (RecordStatus, status),
+        (CheckpointingStatus, status["checkpointing"]["properties"]),
+    ):
+        rules = fits(model)
+        for name, info in model.model_fields.items():
+            assert name in props, f"{model.__name__}.{name} is not in the schema"
+            schema = props[name]
+            if name in rules:
+                rule = rules[name]
+                assert schema["type"] == "string", name
+                if rule.kind == "time":
+                    assert schema.get("format") == "date-time", name
+                else:
+                    assert schema.get("maxLength") == rule.limit, (name, schema, rule)
+            elif name != "checkpointing":
+                want = {"int | None": "integer", "bool | None": "boolean"}[str(info.annotation)]
+                assert schema["type"] == want, (name, schema)

@@ -14,12 +14,11 @@ from hypothesis import strategies as st
 
 from reconciler.progress.reading import ReadError, parse
 from reconciler.progress.status import (
-    _CHECKPOINTING_FIELDS,
-    _FIELDS,
     MAX_CONDITION_MESSAGE,
     Observation,
     decide,
 )
+from reconciler.progress.status_model import CheckpointingStatus, RecordStatus, fits
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 NASTY = "\x00\x07\x1b[31m\n\r\t\x7f\u0085\u2028\u202e/..\\\"'`$(){}<>%s a"
@@ -99,15 +98,12 @@ def _printable(text: str) -> bool:
 
 
 def _check_bounded(status: dict[str, Any]) -> None:
-    for key, (kind, limit) in _FIELDS.items():
-        if key in status and kind in ("text", "decimal"):
-            assert isinstance(status[key], str) and len(status[key]) <= limit, key
-            assert _printable(status[key]), (key, status[key])
     ck = status.get("checkpointing") or {}
-    for key, (kind, limit) in _CHECKPOINTING_FIELDS.items():
-        if key in ck and kind in ("text", "decimal"):
-            assert isinstance(ck[key], str) and len(ck[key]) <= limit, key
-            assert _printable(ck[key]), (key, ck[key])
+    for fields, model in ((status, RecordStatus), (ck, CheckpointingStatus)):
+        for key, fit in fits(model).items():
+            if key in fields and fit.kind in ("text", "decimal"):
+                assert isinstance(fields[key], str) and len(fields[key]) <= fit.limit, key
+                assert _printable(fields[key]), (key, fields[key])
     for c in status.get("conditions") or []:
         assert len(c["message"]) <= MAX_CONDITION_MESSAGE
         assert _printable(c["message"]), c["message"]
