@@ -92,15 +92,21 @@ class Client:
             connector = aiohttp.TCPConnector(limit=self.config.max_connections, ssl=self._ssl)
             self._session = aiohttp.ClientSession(
                 connector=connector,
-                headers={"User-Agent": self.config.user_agent, "Accept": "application/json"},
+                headers={"User-Agent": self.config.user_agent},
             )
         return self._session
 
     def url(self, path: str) -> str:
         return self.config.server.rstrip("/") + path
 
-    def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers: dict[str, str] = {}
+    def _headers(
+        self, content_type: str | None = None, accept: str | None = "application/json"
+    ) -> dict[str, str]:
+        # No Accept on a websocket upgrade (client-go sends none): for the protocols the API
+        # server proxies to the node as websockets (v4 and older), the node's exec handler
+        # (KWOK's, seen in tests/integration/reconciler/test_exec_kwok.py) answered 406 to
+        # `Accept: application/json`.
+        headers: dict[str, str] = {"Accept": accept} if accept else {}
         if self.config.token is not None:
             token = self.config.token.token()
             if token:
@@ -260,7 +266,7 @@ class Client:
                 self.url(path),
                 params=params,
                 protocols=protocols,
-                headers=self._headers(),
+                headers=self._headers(accept=None),
                 max_msg_size=0,  # frames are small; the exec client caps what it keeps
                 timeout=aiohttp.ClientWSTimeout(ws_close=close_timeout),
                 **self._request_kwargs(),
