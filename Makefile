@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export PYTHONPATH := $(CURDIR)/hack$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
 
-.PHONY: help venv binaries images lint format test test-unit demo cluster-up cluster-down bench release clean
+.PHONY: help venv binaries images lint format test test-unit test-lowest demo cluster-up cluster-down bench release clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -42,8 +42,11 @@ format: venv ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-test: venv binaries images lint ## everything: lint, unit tests, tests on the local cluster and its real node
+test: venv binaries images lint test-lowest ## everything: lint, the lowest allowed versions, unit tests, tests on the local cluster and its real node
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-lowest: binaries ## the controller and CLI unit tests at the oldest dependency versions pyproject.toml allows
+	bash hack/test-lowest-deps.sh
 
 test-unit: venv ## only the tests that need no control plane
 	$(PY) -m pytest -m "not cluster" $(PYTEST_ARGS)

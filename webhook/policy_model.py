@@ -158,7 +158,9 @@ class _Schema(BaseModel):
     need), and a null treated as an absent field (the API server prunes nulls of fields that are
     not nullable before defaulting, so this is what it would have stored)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # protected_namespaces: pydantic before 2.10 reserves all of `model_` (modelParameters is
+    # model_parameters here) and warns; later ones reserve only its own method names.
+    model_config = ConfigDict(extra="ignore", frozen=True, protected_namespaces=())
 
     @model_validator(mode="before")
     @classmethod
