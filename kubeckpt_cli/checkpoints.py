@@ -168,18 +168,38 @@ async def run_listing(
 
 
 def add_reasons(doc: dict[str, Any], tp: dict[str, Any]) -> None:
-    """The manifest does not say why a checkpoint was written; the TrainingProgress says it of
-    the latest one (and which one the run resumed from)."""
-    ck = (tp.get("status") or {}).get("checkpointing") or {}
+    """Why each checkpoint exists. The manifest says it (`reason`, written by the runtime since
+    it had the key); for one without, the TrainingProgress says it of the latest checkpoint. The
+    checkpoint the run resumed from is marked as such (status.resumedFrom)."""
+    status = tp.get("status") or {}
+    ck = status.get("checkpointing") or {}
     latest, reason = ck.get("latestCheckpoint"), ck.get("latestCheckpointReason")
+    resumed = status.get("resumedFrom")
     for c in doc["checkpoints"]:
         if not isinstance(c, dict):
             continue
         if not c.get("reason") and latest and reason and c.get("location") == latest:
             c["reason"] = reason
+        if resumed and c.get("location") == resumed:
+            c["resumedFrom"] = True
 
 
-CHECKPOINT_HEADERS = ("TIER", "CHECKPOINT", "STEP", "STATE", "SAVED", "AGE", "SIZE", "FILES")
+CHECKPOINT_HEADERS = (
+    "TIER",
+    "CHECKPOINT",
+    "STEP",
+    "STATE",
+    "REASON",
+    "SAVED",
+    "AGE",
+    "SIZE",
+    "FILES",
+)
+
+
+def _reason(c: dict[str, Any]) -> str:
+    reason = str(c.get("reason") or "-")
+    return f"{reason},resumed-from" if c.get("resumedFrom") else reason
 
 
 def checkpoint_rows(doc: dict[str, Any]) -> list[list[str]]:
@@ -196,6 +216,7 @@ def checkpoint_rows(doc: dict[str, Any]) -> list[list[str]]:
                 str(c.get("name") or checkpoint_name(str(c.get("location", ""))) or "-"),
                 str(c.get("step", "-")),
                 str(c.get("state", "-")),
+                clean(_reason(c), 40),
                 str(c.get("time") or "-"),
                 age(when, now),
                 human_bytes(size) + ("+" if c.get("sizeIsPartial") else ""),
@@ -209,8 +230,6 @@ def checkpoint_notes(doc: dict[str, Any]) -> list[str]:
     notes = []
     for c in doc["checkpoints"]:
         if isinstance(c, dict):
-            if c.get("reason"):
-                notes.append(f"{c.get('name')} ({c.get('tier')}): written for {c['reason']}")
             for p in c.get("problems") or []:
                 notes.append(f"{c.get('name')} ({c.get('tier')}): {p}")
     for t in doc.get("tiers") or []:

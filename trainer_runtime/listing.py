@@ -21,8 +21,9 @@ Per checkpoint `state` is one of:
 - `writing`: the sentinel is there and its writer's heartbeat is live (handover.py);
 - `incomplete`: anything else (no manifest, or a sentinel nobody touches: a crashed save).
 
-The manifest does not record why a checkpoint was written; a `reason` key, where a writer adds
-one, is passed on. The latest checkpoint's reason is in the TrainingProgress status.
+The manifest records why a checkpoint was written (its `reason` key, MANIFEST_REASON); for a
+manifest without one (written by an older runtime or another writer) the CLI falls back on the
+TrainingProgress status, which holds the latest checkpoint's reason.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from .contract import (
     CHECKPOINT_URI,
     INCOMPLETE_SENTINEL,
     MANIFEST_FILE,
+    MANIFEST_REASON,
     MAX_MANIFEST_BYTES,
     ContractError,
     Manifest,
@@ -152,7 +154,7 @@ def describe_checkpoint(path: Path, step: int, tier: str, now: float) -> dict[st
         info.update(_manifest_info(manifest))
         if manifest.tier != tier:
             problems.append(_text(f"manifest says tier {manifest.tier}"))
-        reason = manifest.extra.get("reason")
+        reason = manifest.extra.get(MANIFEST_REASON)
         if isinstance(reason, str) and reason:
             info["reason"] = _text(reason)
     else:

@@ -24,16 +24,18 @@ WRITER = textwrap.dedent(
     import os, pathlib, time
     from trainer_runtime.contract import build_manifest
     from trainer_runtime.storage import LocalTier
-    def save(tier, step, size):
+    def save(tier, step, size, extra=None):
         d = tier.begin(step)
         (d / "model.pt").write_bytes(b"m" * size)
-        m = build_manifest(d, step=step, epoch=0, world_size=1, framework="torch", tier=tier.name)
+        m = build_manifest(
+            d, step=step, epoch=0, world_size=1, framework="torch", tier=tier.name, extra=extra
+        )
         tier.commit(step, m)
     persistent = LocalTier(os.environ["CHECKPOINT_URI"], "persistent")
     local = LocalTier(os.environ["CHECKPOINT_LOCAL_DIR"], "local")
-    save(persistent, 10, 4096)
+    save(persistent, 10, 4096, {"reason": "periodic"})
     save(persistent, 20, 4096)
-    save(local, 25, 1024)
+    save(local, 25, 1024, {"reason": "jit"})
     pathlib.Path(os.environ["CHECKPOINT_URI"], "checkpoint-30").mkdir()
     print("ready", flush=True)
     time.sleep(3600)
@@ -92,13 +94,13 @@ def test_checkpoints_listed_in_a_real_container(cluster: LocalCluster, node_ns: 
     proc = run_cli("--kubeconfig", str(cluster.kubeconfig), "checkpoints", "llama", "-n", node_ns)
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()[1:5]]
-    assert [r[:4] for r in rows] == [
-        ["persistent", "checkpoint-30", "30", "incomplete"],
-        ["local", "checkpoint-25", "25", "complete"],
-        ["persistent", "checkpoint-20", "20", "complete"],
-        ["persistent", "checkpoint-10", "10", "complete"],
+    # Reasons from the manifests, and from the status for checkpoint-20's (it has none).
+    assert [r[:5] for r in rows] == [
+        ["persistent", "checkpoint-30", "30", "incomplete", "-"],
+        ["local", "checkpoint-25", "25", "complete", "jit"],
+        ["persistent", "checkpoint-20", "20", "complete", "periodic"],
+        ["persistent", "checkpoint-10", "10", "complete", "periodic"],
     ]
-    assert "checkpoint-20 (persistent): written for periodic" in proc.stdout
     doc = json.loads(
         run_cli(
             "--kubeconfig",

@@ -33,6 +33,9 @@ from .progress import MAX_COUNT, format_rfc3339, json_type, parse_rfc3339
 
 FORMAT_VERSION: Final = 1
 TIERS: Final = ("local", "persistent")
+# An additive key beside DESIGN.md's (docs/contract.md): why the checkpoint was written, one of
+# progress.py's REASON_* ("periodic", "jit"); absent in manifests written before it existed.
+MANIFEST_REASON: Final = "reason"
 HASH_CHUNK_BYTES: Final = 1024 * 1024
 MMAP_MIN_BYTES: Final = 16 * 1024 * 1024  # hash_file maps files from this size on
 MAX_MANIFEST_BYTES: Final = 16 * 1024 * 1024  # sharded checkpoints list thousands of files

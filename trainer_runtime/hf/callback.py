@@ -45,6 +45,7 @@ from ..config import Config
 from ..contract import (
     INCOMPLETE_SENTINEL,
     MANIFEST_FILE,
+    MANIFEST_REASON,
     PREEMPTED_EXIT_CODE,
     REASON_JIT,
     REASON_PERIODIC,
@@ -513,7 +514,7 @@ class KubeckptCallback(TrainerCallback):
             return
         ckpt.session.wait()
         commit = ckpt.session.commit(
-            tier, step, int(state.epoch or 0), manifest=self._walked_manifest(step, state)
+            tier, step, int(state.epoch or 0), manifest=self._walked_manifest(step, state, reason)
         )
         started = time.monotonic()
         error = commit.begin()
@@ -527,14 +528,14 @@ class KubeckptCallback(TrainerCallback):
             return
         self._inline = (commit, started, reason)
 
-    def _walked_manifest(self, step: int, state: Any):
+    def _walked_manifest(self, step: int, state: Any, reason: str):
         """The Trainer wrote the files itself, some on every rank (FSDP shards): the coordinator
         describes what is in the directory once every rank has reported."""
 
         def build(tier: Tier, reports: list[Report]) -> Manifest:
             assert self.ckpt is not None
             if any(r.files for r in reports):  # s3://: each rank reported what it uploaded
-                return self.ckpt.manifest(tier, step, int(state.epoch or 0), reports)
+                return self.ckpt.manifest(tier, step, int(state.epoch or 0), reports, reason)
             return build_manifest(
                 tier.write_dir(step),
                 step=step,
@@ -542,6 +543,7 @@ class KubeckptCallback(TrainerCallback):
                 world_size=self.world_size,
                 framework=FRAMEWORK,
                 tier=tier.name,
+                extra={MANIFEST_REASON: reason},
             )
 
         return build

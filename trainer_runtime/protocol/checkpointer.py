@@ -27,6 +27,7 @@ from typing import Any
 
 from ..config import Config
 from ..contract import (
+    MANIFEST_REASON,
     REASON_JIT,
     REASON_PERIODIC,
     TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
@@ -435,13 +436,22 @@ class Checkpointer:
     def _keep(self, tier: Tier) -> int:
         return self.config.local_keep if tier.name == "local" else max(1, self.keep_persistent)
 
-    def manifest(self, tier: Tier, step: int, epoch: int, reports: list[Report]) -> Manifest:
-        """The manifest of a save: every file the ranks reported, with its size and checksum."""
+    def manifest(
+        self,
+        tier: Tier,
+        step: int,
+        epoch: int,
+        reports: list[Report],
+        reason: str = REASON_PERIODIC,
+    ) -> Manifest:
+        """The manifest of a save: every file the ranks reported, with its size and checksum,
+        and why the checkpoint was written (`kubeckpt checkpoints` lists it)."""
         files: dict[str, ManifestFile] = {}
         for report in reports:
             for path, size, sha in report.files:
                 files[path] = ManifestFile(path=path, size=size, sha256=sha)
         extra = self._manifest_extra(tier, reports) if self._manifest_extra else {}
+        extra[MANIFEST_REASON] = reason
         return Manifest(
             step=step,
             epoch=epoch,

@@ -23,7 +23,8 @@ from .agreement import Agreement
 from .commit import FileInfo, ManifestBuilder, Member, Report, TierCommit, describe
 
 # (tier, step, epoch, the reports it describes) -> the manifest (coordinator only).
-ManifestFactory = Callable[[Tier, int, int, list[Report]], Manifest]
+# (tier, step, epoch, reports, reason) -> the manifest (Checkpointer.manifest)
+ManifestFactory = Callable[[Tier, int, int, list[Report], str], Manifest]
 
 log = logging.getLogger("trainer_runtime.protocol")
 
@@ -114,13 +115,19 @@ class SaveSession:
             return self.wait() if blocking else None
 
     def commit(
-        self, tier: Tier, step: int, epoch: int, *, manifest: ManifestBuilder | None = None
+        self,
+        tier: Tier,
+        step: int,
+        epoch: int,
+        *,
+        manifest: ManifestBuilder | None = None,
+        reason: str = REASON_PERIODIC,
     ) -> TierCommit:
         """The commit protocol for one tier; called directly for a write the framework makes
         itself, on the calling thread (with no save in flight)."""
 
         def build(t: Tier, reports: list[Report]) -> Manifest:
-            return self.manifest(t, step, epoch, reports)
+            return self.manifest(t, step, epoch, reports, reason)
 
         return TierCommit(
             self.io, self.me, tier, step, manifest=manifest or build, keep=self.keep(tier)
@@ -172,7 +179,7 @@ class SaveSession:
                 return result
             t1 = time.monotonic()
             for tier in tiers:
-                outcome = self.commit(tier, step, epoch).run(staged.write)
+                outcome = self.commit(tier, step, epoch, reason=reason).run(staged.write)
                 result.bytes_written += outcome.bytes_written
                 if outcome.ok and outcome.location is not None:
                     result.locations[tier.name] = outcome.location

@@ -384,16 +384,15 @@ def test_checkpoints_listed_through_the_rank0_pod(
     proc = kubeckpt(cluster, "checkpoints", "llama", "-n", namespace)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].split() == [*"TIER CHECKPOINT STEP STATE SAVED AGE SIZE FILES".split()]
+    assert lines[0].split() == [*"TIER CHECKPOINT STEP STATE REASON SAVED AGE SIZE FILES".split()]
     rows = [ln.split() for ln in lines[1:5]]
-    assert [r[:4] for r in rows] == [
-        ["persistent", "checkpoint-30", "30", "incomplete"],
-        ["local", "checkpoint-25", "25", "complete"],
-        ["persistent", "checkpoint-20", "20", "complete"],
-        ["persistent", "checkpoint-10", "10", "complete"],
+    assert [r[:5] for r in rows] == [
+        ["persistent", "checkpoint-30", "30", "incomplete", "-"],
+        ["local", "checkpoint-25", "25", "complete", "-"],
+        ["persistent", "checkpoint-20", "20", "complete", "jit"],
+        ["persistent", "checkpoint-10", "10", "complete", "-"],
     ]
     assert rows[2][-3:] == ["2.0", "KiB", "1"]
-    assert "checkpoint-20 (persistent): written for jit" in lines
     assert "checkpoint-30 (persistent): no manifest: the save did not finish" in lines
 
     doc = json.loads(

@@ -278,11 +278,11 @@ def test_options_before_and_after_the_command_and_no_kubeconfig(tmp_path: Path) 
 
 def test_checkpoint_listing_formatting_on_real_checkpoints(tmp_path: Path) -> None:
     tier = LocalTier(tmp_path / "ckpt", "persistent")
-    for step in (10, 20):
+    for step, extra in ((5, {"reason": "periodic"}), (10, {}), (20, {})):
         d = tier.begin(step)
         (d / "model.pt").write_bytes(b"m" * 3000)
         m = build_manifest(
-            d, step=step, epoch=0, world_size=1, framework="torch", tier="persistent"
+            d, step=step, epoch=0, world_size=1, framework="torch", tier="persistent", extra=extra
         )
         tier.commit(step, m)
     (tmp_path / "ckpt" / "checkpoint-30").mkdir()  # a save that never finished
@@ -290,16 +290,18 @@ def test_checkpoint_listing_formatting_on_real_checkpoints(tmp_path: Path) -> No
     status = training_status(20)
     status["checkpointing"]["latestCheckpoint"] = str(tmp_path / "ckpt" / "checkpoint-20")
     status["checkpointing"]["latestCheckpointReason"] = "jit"
+    status["resumedFrom"] = str(tmp_path / "ckpt" / "checkpoint-5")
     ck.add_reasons(doc, tp("j", "ns", status=status))
     rows = ck.checkpoint_rows(doc)
-    assert [r[:4] for r in rows] == [
-        ["persistent", "checkpoint-30", "30", "incomplete"],
-        ["persistent", "checkpoint-20", "20", "complete"],
-        ["persistent", "checkpoint-10", "10", "complete"],
+    # The manifest's reason; for manifests without one, the status's for the latest checkpoint.
+    assert [r[:5] for r in rows] == [
+        ["persistent", "checkpoint-30", "30", "incomplete", "-"],
+        ["persistent", "checkpoint-20", "20", "complete", "jit"],
+        ["persistent", "checkpoint-10", "10", "complete", "-"],
+        ["persistent", "checkpoint-5", "5", "complete", "periodic,resumed-from"],
     ]
-    assert rows[1][6:] == ["2.9 KiB", "1"]
+    assert rows[1][7:] == ["2.9 KiB", "1"]
     notes = ck.checkpoint_notes(doc)
-    assert "checkpoint-20 (persistent): written for jit" in notes
     assert "checkpoint-30 (persistent): no manifest: the save did not finish" in notes
     assert any(n.startswith("local tier") and "does not exist" in n for n in notes)
     out = table(ck.CHECKPOINT_HEADERS, rows).splitlines()
@@ -308,6 +310,7 @@ def test_checkpoint_listing_formatting_on_real_checkpoints(tmp_path: Path) -> No
         "CHECKPOINT",
         "STEP",
         "STATE",
+        "REASON",
         "SAVED",
         "AGE",
         "SIZE",

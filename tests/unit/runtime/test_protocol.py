@@ -20,7 +20,15 @@ import pytest
 from tests.support.simulated_ranks import SimulatedGroup, run_ranks
 from trainer_runtime import layout
 from trainer_runtime.config import Config
-from trainer_runtime.contract import REASON_JIT, Manifest, hash_file
+from trainer_runtime.contract import (
+    MANIFEST_REASON,
+    REASON_JIT,
+    REASON_PERIODIC,
+    Manifest,
+    checkpoint_dir_name,
+    hash_file,
+    read_manifest,
+)
 from trainer_runtime.protocol import Checkpointer, Member, Pipelined, Solo
 from trainer_runtime.storage import Tier
 
@@ -185,6 +193,7 @@ def test_every_rank_reports_its_files_and_the_manifest_lists_them(job, tmp_path:
     assert manifest[1] == []
     assert [f.path for f in manifest[0].files] == [f"rank-{r}.json" for r in range(3)]
     assert manifest[0].world_size == 3 and manifest[0].framework == "toy"
+    assert manifest[0].extra[MANIFEST_REASON] == REASON_PERIODIC  # `kubeckpt checkpoints` shows it
     record = j.ckpts[0].progress.checkpointing.to_dict()  # rank 0's, for the progress file
     assert record["checkpointsCreated"] == 3 and record["latestCheckpoint"].endswith("-6")
     assert "failedSaves" not in record
@@ -243,6 +252,12 @@ def test_a_signal_during_a_save_stops_after_it_at_the_agreed_step(job, tmp_path:
     assert stopped[0] == stopped[1] == 4  # asked at 2's end, agreed at 3 (pipelined), saved at 4
     assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(2, True), (4, True)]
     assert j.ckpts[0].progress.checkpointing.extra["latestCheckpointReason"] == REASON_JIT
+    root = tmp_path / "ckpt"
+    reasons = {
+        e.step: read_manifest(root / checkpoint_dir_name(e.step)).extra[MANIFEST_REASON]
+        for e in layout.scan(root)
+    }
+    assert reasons == {2: REASON_PERIODIC, 4: REASON_JIT}
     for r in range(2):  # each pod's preStop is answered
         done = json.loads((tmp_path / f"run-{r}" / "checkpoint-done").read_text())
         assert done["step"] == 4 and done["checkpoint"].endswith("checkpoint-4")
