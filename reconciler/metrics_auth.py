@@ -126,14 +126,15 @@ def server_tls(cert_dir: str | None, hosts: Sequence[str] = ("localhost",)) -> s
     if cert_dir:
         ctx.load_cert_chain(Path(cert_dir, "tls.crt"), Path(cert_dir, "tls.key"))
         return ctx
-    cert, key = _self_signed(hosts)
+    cert, key = self_signed(hosts)
     # Not a temporary directory: the container's root filesystem is read-only, with no /tmp.
     with pem_paths(cert, key) as (cert_path, key_path):
         ctx.load_cert_chain(cert_path, key_path)
     return ctx
 
 
-def _self_signed(hosts: Sequence[str]) -> tuple[bytes, bytes]:
+def self_signed(hosts: Sequence[str]) -> tuple[bytes, bytes]:
+    """A self-signed certificate for `hosts` (DNS names or IPs) and its key, PEM."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec

@@ -6,7 +6,6 @@ gone after the `with` block while the loaded context goes on serving."""
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import ssl
 import stat
@@ -15,12 +14,8 @@ import sys
 import tempfile
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
-from reconciler.metrics_auth import server_tls
+from reconciler.metrics_auth import self_signed, server_tls
 from reconciler.pem_files import pem_paths
 
 
@@ -34,26 +29,6 @@ def test_self_signed_metrics_tls_needs_no_temporary_directory(
     ctx = server_tls(None, hosts=("kubeckpt-reconciler-metrics.kubeckpt-system.svc",))
     assert isinstance(ctx, ssl.SSLContext)
     assert ctx.minimum_version == ssl.TLSVersion.TLSv1_2
-
-
-def self_signed(host: str = "localhost") -> tuple[bytes, bytes]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
 
 
 def served_certificate(server: ssl.SSLContext, ca_pem: bytes, host: str = "localhost") -> bytes:
@@ -106,7 +81,7 @@ def storage(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_pem_paths_load_a_real_certificate_and_are_gone_after(storage: str) -> None:
-    cert_pem, key_pem = self_signed()
+    cert_pem, key_pem = self_signed(["localhost"])
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     with pem_paths(cert_pem, key_pem) as (cert, key):
         assert cert != key
@@ -129,8 +104,8 @@ def test_pem_paths_load_a_real_certificate_and_are_gone_after(storage: str) -> N
 
 
 def test_pem_paths_give_the_loader_exactly_the_data(storage: str) -> None:
-    cert_pem, _ = self_signed()
-    _, other_key = self_signed()
+    cert_pem, _ = self_signed(["localhost"])
+    _, other_key = self_signed(["localhost"])
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     with pem_paths(cert_pem, other_key) as (cert, key), pytest.raises(ssl.SSLError):
         ctx.load_cert_chain(cert, key)  # a key that is not the certificate's is refused
