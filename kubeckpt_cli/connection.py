@@ -1,7 +1,7 @@
 """Which cluster and namespace, as kubectl decides them, and a client tuned for a person waiting.
 
-Order, as kubectl: `--kubeconfig`, else $KUBECONFIG (its first file), else ~/.kube/config, else the
-pod's service account (in-cluster). The namespace: `-n`, else the context's, else "default".
+Order, as kubectl: `--kubeconfig`, else $KUBECONFIG (its files merged), else ~/.kube/config, else
+the pod's service account (in-cluster). The namespace: `-n`, else the context's, else "default".
 The client gives up sooner than the controller's: one retry, a 5 s connect timeout.
 """
 
@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.client import Client
-from reconciler.config import SERVICE_ACCOUNT_DIR, ClientConfig, load_incluster, load_kubeconfig
+from reconciler.config import (
+    SERVICE_ACCOUNT_DIR,
+    ClientConfig,
+    kubeconfig_files,
+    load_incluster,
+    load_kubeconfig,
+)
 from trainer_runtime import __version__
 
 from .errors import CliError
@@ -31,21 +37,21 @@ class Target:
         return self.config.server
 
 
-def _kubeconfig_path(explicit: str | None) -> Path | None:
+def _kubeconfig_files(explicit: str | None) -> list[Path]:
+    """--kubeconfig (one file), else every file of $KUBECONFIG that exists (merged, as kubectl
+    merges them), else ~/.kube/config if it exists; [] when there is none."""
     if explicit:
-        return Path(explicit).expanduser()
-    env = os.environ.get("KUBECONFIG", "")
-    first = next((p for p in env.split(os.pathsep) if p), None)
-    if first:
-        return Path(first).expanduser()
+        return [Path(explicit).expanduser()]
+    if any(os.environ.get("KUBECONFIG", "").split(os.pathsep)):
+        return kubeconfig_files()
     default = Path("~/.kube/config").expanduser()
-    return default if default.exists() else None
+    return [default] if default.exists() else []
 
 
 def resolve(kubeconfig: str | None, context: str | None) -> Target:
     """Load the configuration; CliError (one line) when there is none or it is unusable."""
-    path = _kubeconfig_path(kubeconfig)
-    if path is None:
+    files = _kubeconfig_files(kubeconfig)
+    if not files:
         if os.environ.get("KUBERNETES_SERVICE_HOST") and (SERVICE_ACCOUNT_DIR / "token").exists():
             if context:
                 raise CliError(f"--context {context}: there is no kubeconfig to take it from")
@@ -55,14 +61,15 @@ def resolve(kubeconfig: str | None, context: str | None) -> Target:
             "no kubeconfig: set KUBECONFIG or pass --kubeconfig (~/.kube/config does not exist "
             "and this is not a pod)"
         )
-    if not path.is_file():
-        raise CliError(f"kubeconfig {path} does not exist: fix --kubeconfig or KUBECONFIG")
+    where = os.pathsep.join(str(f) for f in files)
+    if not all(f.is_file() for f in files):
+        raise CliError(f"kubeconfig {where} does not exist: fix --kubeconfig or KUBECONFIG")
     try:
-        cfg = load_kubeconfig(path, context)
+        cfg = load_kubeconfig(where, context)
     except Exception as e:  # the kubernetes loader's ConfigException, YAML, a bad exec plugin
         text = " ".join(str(e).split()) or type(e).__name__
-        raise CliError(f"cannot use kubeconfig {path}: {text[:200]}") from None
-    return _tuned(Target(cfg, cfg.namespace, str(path)))
+        raise CliError(f"cannot use kubeconfig {where}: {text[:200]}") from None
+    return _tuned(Target(cfg, cfg.namespace, where))
 
 
 def _tuned(target: Target) -> Target:

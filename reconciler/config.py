@@ -52,29 +52,61 @@ class ClientConfig:
         return ctx
 
 
+def kubeconfig_files(value: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The kubeconfig files to merge, as kubectl finds them: `value` (one path, or several joined
+    by os.pathsep as in $KUBECONFIG), else $KUBECONFIG, else ~/.kube/config. Files of a list that
+    do not exist are skipped, as kubectl does; a single named file is kept (its load says why)."""
+    from kubernetes.config import kube_config
+
+    text = os.fspath(value) if value is not None else os.environ.get("KUBECONFIG", "")
+    paths = [Path(p).expanduser() for p in text.split(os.pathsep) if p]
+    if not paths:
+        return [Path(kube_config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser()]
+    existing = [p for p in paths if p.exists()]
+    return existing or paths[:1]
+
+
+def _merged(files: list[Path]) -> dict[str, Any]:
+    """kubectl's merge of several kubeconfigs: the first file that names a context, cluster or
+    user wins it; current-context is the first one set. Each entry keeps its file's directory
+    (relative paths in it are relative to that file)."""
+    out: dict[str, Any] = {"current-context": None, "contexts": {}, "users": {}}
+    for f in files:
+        raw = yaml.safe_load(f.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"{f}: not a kubeconfig (a YAML mapping)")
+        out["current-context"] = out["current-context"] or raw.get("current-context")
+        for section, key in (("contexts", "context"), ("users", "user")):
+            for item in raw.get(section) or []:
+                if isinstance(item, dict) and item.get("name"):
+                    out[section].setdefault(item["name"], (item.get(key) or {}, f.parent))
+    return out
+
+
 def load_kubeconfig(
     path: str | os.PathLike[str] | None = None, context: str | None = None
 ) -> ClientConfig:
-    """Load a kubeconfig ($KUBECONFIG or ~/.kube/config when `path` is None)."""
+    """Load a kubeconfig: `path` (one file or an os.pathsep-joined list), else $KUBECONFIG (all
+    of its files, merged as kubectl merges them), else ~/.kube/config."""
     from kubernetes import client as k8s_client
     from kubernetes.config import kube_config
 
-    if path is None:
-        path = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser(
-            kube_config.KUBE_CONFIG_DEFAULT_LOCATION
-        )
+    files = kubeconfig_files(path)
+    merged = _merged([f for f in files if f.exists()])
+    ctx_name = context or merged["current-context"]
     cfg = k8s_client.Configuration()
     kube_config.load_kube_config(
-        config_file=str(path), context=context, client_configuration=cfg, persist_config=False
+        config_file=os.pathsep.join(str(f) for f in files),
+        context=ctx_name,
+        client_configuration=cfg,
+        persist_config=False,
     )
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    ctx_name = context or raw.get("current-context")
-    ctx = next((c["context"] for c in raw.get("contexts", []) if c["name"] == ctx_name), {})
-    user = next((u["user"] for u in raw.get("users", []) if u["name"] == ctx.get("user")), {})
+    ctx = merged["contexts"].get(ctx_name, ({}, None))[0]
+    user, user_dir = merged["users"].get(ctx.get("user"), ({}, None))
     token: TokenSource | None = None
     if user.get("tokenFile"):
         # Re-read on rotation; the kubernetes loader reads it once.
-        token = FileToken(Path(path).parent / user["tokenFile"])
+        token = FileToken(Path(user_dir or ".") / user["tokenFile"])
     elif cfg.api_key.get("BearerToken") or cfg.api_key.get("authorization"):
         token = KubeconfigToken(cfg)
     return ClientConfig(
