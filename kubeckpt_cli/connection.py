@@ -40,12 +40,10 @@ class Target:
 def _kubeconfig_files(explicit: str | None) -> list[Path]:
     """--kubeconfig (one file), else every file of $KUBECONFIG that exists (merged, as kubectl
     merges them), else ~/.kube/config if it exists; [] when there is none."""
-    if explicit:
-        return [Path(explicit).expanduser()]
-    if any(os.environ.get("KUBECONFIG", "").split(os.pathsep)):
-        return kubeconfig_files()
-    default = Path("~/.kube/config").expanduser()
-    return [default] if default.exists() else []
+    files = kubeconfig_files(explicit)
+    if explicit or any(os.environ.get("KUBECONFIG", "").split(os.pathsep)):
+        return files
+    return files if files[0].exists() else []  # ~/.kube/config, when there is one
 
 
 def resolve(kubeconfig: str | None, context: str | None) -> Target:

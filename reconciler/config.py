@@ -56,12 +56,11 @@ def kubeconfig_files(value: str | os.PathLike[str] | None = None) -> list[Path]:
     """The kubeconfig files to merge, as kubectl finds them: `value` (one path, or several joined
     by os.pathsep as in $KUBECONFIG), else $KUBECONFIG, else ~/.kube/config. Files of a list that
     do not exist are skipped, as kubectl does; a single named file is kept (its load says why)."""
-    from kubernetes.config import kube_config
-
     text = os.fspath(value) if value is not None else os.environ.get("KUBECONFIG", "")
     paths = [Path(p).expanduser() for p in text.split(os.pathsep) if p]
     if not paths:
-        return [Path(kube_config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser()]
+        # Not kubernetes' KUBE_CONFIG_DEFAULT_LOCATION: that is $KUBECONFIG as it was at import.
+        return [Path("~/.kube/config").expanduser()]
     existing = [p for p in paths if p.exists()]
     return existing or paths[:1]
 

@@ -173,7 +173,6 @@ class ProgressController:
         manager.add_runnable(self.trainjobs.run, leader_only=False)
         self._trainer_conflicts: set[str] = set()
         self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0, "annotation_writes": 0}
-        self.manager_metrics = manager.metrics
         self.manager = manager
         manager.metrics.registry.register(ProgressCollector(self))
 

@@ -10,7 +10,6 @@ endpoint and job). A field it does not know fails the test instead of being drop
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from localcluster import free_port
 
 _KNOWN_ENDPOINT_KEYS = {
     "port",
@@ -95,12 +96,6 @@ def scrape_config(
     return config
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Prometheus:
     binary: Path
@@ -119,7 +114,7 @@ class Prometheus:
                 }
             )
         )
-        self.port = _free_port()
+        self.port = free_port()
         self.log = (self.workdir / "prometheus.log").open("wb")
         self.proc = subprocess.Popen(
             [

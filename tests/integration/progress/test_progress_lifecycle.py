@@ -75,7 +75,7 @@ async def test_replaced_pod_restart_gauges_and_completion(
             lambda: event_counts(kwok, ns, "life").get("Resumed") == 1, "one Resumed event", 10
         )
         # gauges for the job while it exists
-        text = ctrl.manager_metrics.exposition().decode()
+        text = ctrl.manager.metrics.exposition().decode()
         assert f'kubeckpt_training_step{{job="life",namespace="{ns}"}} 41.0' in text, text
     before = event_counts(kwok, ns, "life")
     assert before.get("CheckpointSaved") == 1, before
@@ -137,7 +137,7 @@ async def test_replaced_pod_restart_gauges_and_completion(
         kwok.kubectl("delete", "pytorchjob", "life", "-n", ns, "--wait=false")
 
         def no_gauges() -> bool:
-            return 'job="life"' not in ctrl2.manager_metrics.exposition().decode()
+            return 'job="life"' not in ctrl2.manager.metrics.exposition().decode()
 
         await eventually(no_gauges, "the job's gauges to go", 30)
     assert event_counts(kwok, ns, "life").get("Completed") == 1
