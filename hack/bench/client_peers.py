@@ -53,6 +53,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchstats import DASH, med, ratio, spread
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "hack"), str(REPO / "tests" / "integration" / "reconciler")]
 
@@ -62,7 +64,6 @@ SMALL = b"kubeckpt exec benchmark: a small file\n" * 4
 BLOB = bytes(range(256)) * 256  # 64 KiB of every byte value, for the probe
 ACT_PERIOD = 0.05  # a leader "acts" (logs a timestamp) this often
 V5 = "v5.channel.k8s.io"
-DASH = "\u2013"  # en dash, for ranges in the tables
 
 
 def peak_rss() -> int:
@@ -529,22 +530,6 @@ def ordered(items: Sequence[str], round_: int) -> list[str]:
     return list(items) if round_ % 2 == 0 else list(reversed(items))
 
 
-def med(xs: Sequence[float]) -> float:
-    return statistics.median(xs)
-
-
-def spread(xs: Sequence[float], scale: float = 1.0, fmt: str = ".2f") -> str:
-    sep = " to " if min(xs) < 0 else DASH  # a dash between negatives reads badly
-    return f"{med(xs) * scale:{fmt}} [{min(xs) * scale:{fmt}}{sep}{max(xs) * scale:{fmt}}]"
-
-
-def ratio(ours: Sequence[float], theirs: Sequence[float]) -> str:
-    """ours / theirs, only where the spreads do not overlap."""
-    if max(ours) < min(theirs) or min(ours) > max(theirs):
-        return f"{med(ours) / med(theirs):.2f}"
-    return "within spread"
-
-
 def mib(b: float) -> str:
     return f"{b / 2**20:.0f}"
 
@@ -831,7 +816,7 @@ def part_list(kubeconfig: str, sizes: dict[int, str], rounds: int) -> None:
             xs = res[size, impl]
             secs = [x["seconds"] for x in xs]
             vs = "" if impl == "ours" else ratio(ours, secs)
-            print(f"| {size:,} | {label} | {spread(secs)} | {vs} | {rss_cells(xs)} |")
+            print(f"| {size:,} | {label} | {spread(secs, 2)} | {vs} | {rss_cells(xs)} |")
 
 
 INFORMER_IMPLS = {
@@ -869,10 +854,10 @@ def part_informer(kubeconfig: str, sizes: dict[int, str], rounds: int, n: int) -
             xs = res[size, impl]
             secs = [x["seconds"] for x in xs]
             print(
-                f"| {size:,} | {label} | {spread(secs)} | "
+                f"| {size:,} | {label} | {spread(secs, 2)} | "
                 f"{'' if impl == 'ours' else ratio(ours, secs)} | "
-                f"{rss_cells(xs)} | {spread([x['p50'] for x in xs], 1e3, '.1f')} | "
-                f"{spread([x['p99'] for x in xs], 1e3, '.1f')} |"
+                f"{rss_cells(xs)} | {spread([x['p50'] for x in xs], 1, scale=1e3)} | "
+                f"{spread([x['p99'] for x in xs], 1, scale=1e3)} |"
             )
 
 
@@ -908,9 +893,9 @@ def part_exec(kubeconfig: str, rounds: int, n: int) -> None:
             tot = [x["total"] for x in xs]
             fds = f"{max(x['fds_before'] for x in xs)} → {max(x['fds_after'] for x in xs)}"
             print(
-                f"| {conc} | {label} | {spread(tot)} | "
+                f"| {conc} | {label} | {spread(tot, 2)} | "
                 f"{'' if impl == 'ours' else ratio(ours, tot)} | "
-                f"{spread([x['p50'] for x in xs], 1e3, '.1f')} | "
+                f"{spread([x['p50'] for x in xs], 1, scale=1e3)} | "
                 f"{rss_cells(xs)} | {fds} (max) |"
             )
     print("\nWhat comes back:")
@@ -962,7 +947,7 @@ def part_leader(cluster: Any, rounds: int, timing: tuple[float, float, float], w
             vals = [x[key] for x in xs if x[key] == x[key]]  # NaN: never happened
             if not vals:
                 return "never"
-            return spread(vals) + ("" if len(vals) == len(xs) else f" ({len(vals)} rounds)")
+            return spread(vals, 2) + ("" if len(vals) == len(xs) else f" ({len(vals)} rounds)")
 
         still = sum(x["still_acting"] for x in xs)
         watched = f" (watched {min(x['window'] for x in xs):.0f} s)" if still else ""

@@ -58,6 +58,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
+from benchstats import ratio, spread  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -434,17 +435,6 @@ def measure(peer: Peer, loop: Loop, base_steps: int = 3) -> tuple[dict[str, floa
     if isinstance(peer, Kubeckpt):
         out["persist"] = peer.result.persist_seconds  # the writer: write, fsync, hash, manifest
     return out, reference
-
-
-def spread(values: list[float], digits: int = 3) -> str:
-    med, lo, hi = statistics.median(values), min(values), max(values)
-    return f"{med:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
-
-
-def ratio(ours: list[float], theirs: list[float]) -> str:
-    if max(ours) < min(theirs) or min(ours) > max(theirs):
-        return f"{statistics.median(ours) / statistics.median(theirs):.2f}x"
-    return "within spread"
 
 
 def main() -> None:

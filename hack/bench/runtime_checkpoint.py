@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from benchstats import med
 from torch import nn
 
 from trainer_runtime.torch import CheckpointManager
@@ -119,10 +119,6 @@ def manager(
         "KUBECKPT_TERMINATION_LOG": str(root / "termination-log"),
     }
     return CheckpointManager.from_env(model, optimizer, environ=env, **overrides)
-
-
-def med(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 def main() -> None:

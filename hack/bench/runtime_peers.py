@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from benchstats import ratio, spread
 from runtime_checkpoint import build, drop_caches, manager, settle
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -350,16 +351,6 @@ def measure(peer: Peer, loop: Loop, base_steps: int = 3) -> dict[str, float]:
         out["stall"] = max(out["stall"], peer.result.stall_seconds)  # with its pre-step hook
         out["persist"] = peer.result.persist_seconds  # the writer: write, fsync, hash, manifest
     return {**out, "step": base, "steps": n}
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
-
-
-def ratio(ours: list[float], best: list[float]) -> str:
-    if max(ours) < min(best) or min(ours) > max(best):
-        return f"{statistics.median(ours) / statistics.median(best):.2f}x"
-    return "within spread"
 
 
 def main() -> None:
