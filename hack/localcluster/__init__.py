@@ -1,16 +1,9 @@
 """The local Kubernetes control plane used by the tests (pytest fixture) and `make cluster-up`."""
 
 from .binaries import Binaries, MissingBinaries, ensure_binaries
-from .cluster import (
-    ClusterError,
-    LocalCluster,
-    die_with_parent,
-    free_port,
-    local_cluster,
-    stop_process,
-    sweep_stale_workdirs,
-)
+from .cluster import LocalCluster, local_cluster, sweep_stale_workdirs
 from .node import NodeUnavailable, host_problem
+from .processes import ClusterError, die_with_parent, free_port, stop_process
 from .waiting import wait_for
 
 __all__ = [

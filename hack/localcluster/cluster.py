@@ -13,12 +13,9 @@ Every child is started with PR_SET_PDEATHSIG, so even a SIGKILLed test run leave
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -34,8 +31,10 @@ import yaml
 from . import pki
 from .binaries import Binaries, ensure_binaries
 from .images import IMAGES
+from .kubeconfig import write_kubeconfig
 from .kubeflow_trainer import TrainerStack
 from .node import NODE_IP, REAL_NODE_TAINT, NodeUnavailable, RealNode, sweep_stale_real_node
+from .processes import ClusterError, Process, free_port, wait_ready
 from .waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,40 +48,12 @@ TRAINING_OPERATOR_NS = "kubeflow"
 # The training-operator's cert rotator checks this fixed path for the mounted certificate.
 TRAINING_OPERATOR_ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 
-_PR_SET_PDEATHSIG = 1
 # Our own taints; a node that carries one of them is still "ready" for the start-up check.
 ALLOWED_TAINTS = (KWOK_TAINT, REAL_NODE_TAINT)
 REAL_NODE_CONTROLLERS = (
     ",deployment,replicaset,endpoint,endpointslice,endpointslicemirroring,job,disruption,"
     "podgc,statefulset,daemonset,ttl-after-finished,pv-protection,pvc-protection"
 )
-
-
-class ClusterError(RuntimeError):
-    """A component did not start; the message carries the end of its log."""
-
-
-def die_with_parent() -> None:
-    """A `preexec_fn`: the child gets SIGKILL when our process dies, however it dies, and its own
-    process group (so `stop_process` reaches its children too)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    os.setpgid(0, 0)
-
-
-def stop_process(popen: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
-    """SIGTERM the process group of a child started with `die_with_parent`; SIGKILL after
-    `timeout`."""
-    if popen is None or popen.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(popen.pid, signal.SIGTERM)
-    try:
-        popen.wait(timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        popen.wait(5)
 
 
 WORKDIR_PREFIX = "kubeckpt-cluster-"
@@ -103,53 +74,6 @@ def sweep_stale_workdirs(tmp: Path | None = None) -> list[Path]:
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     return removed
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Process:
-    name: str
-    argv: list[str]
-    log: Path
-    env: dict[str, str] | None = None
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        out = self.log.open("ab")
-        self.popen = subprocess.Popen(
-            self.argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            preexec_fn=die_with_parent,
-            close_fds=True,
-        )
-        out.close()
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return "(no log)"
-        return "\n".join(text[-lines:])
-
-    def stop(self, timeout: float = 10.0) -> None:
-        stop_process(self.popen, timeout)
-
-    def kill(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(5)
 
 
 @dataclass
@@ -434,32 +358,12 @@ class LocalCluster:
             server=True,
             use_rsa=True,
         ).write(d, "operator-webhook")
-        self._write_kubeconfig(self.kubeconfig, "kubeckpt-admin", d / "admin.crt", d / "admin.key")
+        self.write_kubeconfig(self.kubeconfig, "kubeckpt-admin", d / "admin.crt", d / "admin.key")
 
-    def _write_kubeconfig(self, path: Path, user: str, crt: Path, key: Path) -> None:
+    def write_kubeconfig(self, path: Path, user: str, crt: Path, key: Path) -> None:
+        """A kubeconfig for this cluster's API server as `user` (a client certificate)."""
         assert self.workdir is not None
-        cfg = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "kubeckpt-local",
-                    "cluster": {
-                        "server": self.server,
-                        "certificate-authority": str(self.workdir / "pki" / "ca.crt"),
-                    },
-                }
-            ],
-            "users": [
-                {"name": user, "user": {"client-certificate": str(crt), "client-key": str(key)}}
-            ],
-            "contexts": [
-                {"name": "kubeckpt-local", "context": {"cluster": "kubeckpt-local", "user": user}}
-            ],
-            "current-context": "kubeckpt-local",
-        }
-        path.write_text(yaml.safe_dump(cfg))
-        path.chmod(0o600)
+        write_kubeconfig(path, self.server, self.workdir / "pki" / "ca.crt", user, crt, key)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         assert self.workdir is not None
@@ -467,25 +371,6 @@ class LocalCluster:
         p.start()
         self.procs[name] = p
         return p
-
-    def _wait(self, what: str, proc: Process | None, check, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        delay = 0.05
-        last: object = None
-        while time.monotonic() < deadline:
-            if proc is not None and not proc.alive():
-                raise ClusterError(f"{proc.name} exited while waiting for {what}:\n{proc.tail()}")
-            try:
-                if check():
-                    return
-            except Exception as e:
-                last = e
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-        tail = f"\n{proc.name} log:\n{proc.tail()}" if proc else ""
-        raise ClusterError(
-            f"timed out after {timeout:.0f}s waiting for {what} (last: {last}){tail}"
-        )
 
     def _start_etcd(self) -> None:
         assert self.workdir is not None and self.binaries is not None
@@ -513,7 +398,7 @@ class LocalCluster:
             with urllib.request.urlopen(client + "/health", timeout=1) as r:
                 return json.loads(r.read()).get("health") == "true"
 
-        self._wait("etcd health", p, healthy, 30)
+        wait_ready("etcd health", p, healthy, 30)
 
     @property
     def etcd_url(self) -> str:
@@ -574,7 +459,7 @@ class LocalCluster:
 
     def _start_apiserver(self) -> None:
         p = self._spawn("kube-apiserver", self.apiserver_argv())
-        self._wait("kube-apiserver /readyz", p, lambda: self._get_ok("/readyz"), 60)
+        wait_ready("kube-apiserver /readyz", p, lambda: self._get_ok("/readyz"), 60)
 
     def restart_apiserver(self, pause: float = 0.0) -> None:
         """Stop the API server and start it again (tests of watch resumption use this)."""
@@ -583,7 +468,7 @@ class LocalCluster:
         p = Process("kube-apiserver", self.apiserver_argv(), self.procs["kube-apiserver"].log)
         p.start()
         self.procs["kube-apiserver"] = p
-        self._wait("kube-apiserver /readyz", p, lambda: self._get_ok("/readyz"), 60)
+        wait_ready("kube-apiserver /readyz", p, lambda: self._get_ok("/readyz"), 60)
 
     def _get_ok(self, path: str) -> bool:
         try:
@@ -809,13 +694,13 @@ class LocalCluster:
             ]
             return len(ready) >= self.nodes
 
-        self._wait("KWOK nodes Ready and untainted", self.procs["kwok"], nodes_ready, 30)
+        wait_ready("KWOK nodes Ready and untainted", self.procs["kwok"], nodes_ready, 30)
 
         def default_sa() -> bool:
             self.get_json("/api/v1/namespaces/default/serviceaccounts/default")
             return True
 
-        self._wait(
+        wait_ready(
             "the default ServiceAccount", self.procs["kube-controller-manager"], default_sa, 30
         )
         probe = f"http://127.0.0.1:{self.ports['operator_probe']}/readyz"
@@ -824,7 +709,7 @@ class LocalCluster:
             with urllib.request.urlopen(probe, timeout=1) as r:
                 return r.status == 200
 
-        self._wait(
+        wait_ready(
             "training-operator readiness", self.procs["training-operator"], operator_ready, 60
         )
         for name in ("kube-scheduler",):

@@ -31,10 +31,11 @@ import yaml
 from . import pki
 from .images import IMAGES
 from .node import NODE_IP, NodeUnavailable
+from .processes import ClusterError, free_port, wait_ready
 from .waiting import wait_for
 
 if TYPE_CHECKING:
-    from .cluster import LocalCluster
+    from .handle import ClusterHandle
 
 # Trainer reads its namespace from the service-account mount and falls back to this one.
 TRAINER_NS = "kubeflow-system"
@@ -74,7 +75,7 @@ class TrainerStack:
     """JobSet and Trainer for one LocalCluster; `start(status_gate=...)` (re)starts Trainer with
     that gate setting, `stop()` stops both."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: ClusterHandle) -> None:
         self.cluster = cluster
         self.status_gate: bool | None = None
         self._prepared = False
@@ -94,8 +95,6 @@ class TrainerStack:
         assert c.workdir is not None and c.binaries is not None
         d = c.workdir / "trainer"
         d.mkdir(exist_ok=True)
-        from .cluster import free_port
-
         for name in ("jobset_webhook", "jobset_probe", "trainer_webhook", "trainer_probe"):
             c.ports[name] = free_port()
         c.ports["trainer_status"] = free_port()
@@ -334,7 +333,7 @@ class TrainerStack:
             with urllib.request.urlopen(url, timeout=1) as r:
                 return r.status == 200
 
-        self.cluster._wait(f"{name} readiness", self.cluster.procs[name], ready, 60)
+        wait_ready(f"{name} readiness", self.cluster.procs[name], ready, 60)
 
     def _install_runtime(self) -> None:
         """torch-distributed from Trainer's module, with the node's training image (the upstream
@@ -350,8 +349,6 @@ class TrainerStack:
                 ctr.setdefault("imagePullPolicy", "Never")
 
         # The validating webhook may still be warming up right after readiness.
-        from .cluster import ClusterError
-
         def applied() -> bool:
             try:
                 c.apply(runtime)

@@ -34,9 +34,10 @@ import yaml
 
 from . import pki
 from .images import IMAGES, ensure_images
+from .processes import Process, free_port, wait_ready
 
 if TYPE_CHECKING:
-    from .cluster import LocalCluster, Process
+    from .handle import ClusterHandle
 
 BRIDGE = "kubeckpt0"
 NODE_IP = "10.87.0.1"
@@ -299,7 +300,7 @@ class RealNode:
     """One real node of `cluster`. `prepare()` before the API server starts (the node's address
     must exist for the API server to advertise it), `start()` after the control plane."""
 
-    cluster: LocalCluster
+    cluster: ClusterHandle
     taint: bool = False
     name: str = NODE_NAME
     procs: dict[str, Process] = field(default_factory=dict)
@@ -453,7 +454,7 @@ class RealNode:
             d, "kubelet-serving"
         )
         self.kubeconfig = self.dir / "kubelet.kubeconfig"
-        self.cluster._write_kubeconfig(
+        self.cluster.write_kubeconfig(
             self.kubeconfig, f"system:node:{self.name}", d / "kubelet.crt", d / "kubelet.key"
         )
 
@@ -508,8 +509,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
-        from .cluster import Process
-
         assert self.cluster.workdir is not None
         p = Process(name, argv, self.cluster.workdir / "logs" / f"{name}.log", env=env)
         p.start()
@@ -525,7 +524,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         config = self.ctrd_dir / "config.toml"
         config.write_text(self._containerd_config())
         p = self._spawn("containerd", ["containerd", "--config", str(config)])
-        self.cluster._wait("containerd", p, lambda: bool(self.ctr("version", timeout=5)), 30)
+        wait_ready("containerd", p, lambda: bool(self.ctr("version", timeout=5)), 30)
         # Containers of an earlier run (crashed, or of another cluster) are removed; the image
         # store stays.
         self._remove_containers()
@@ -595,7 +594,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     # --- CoreDNS ---
     def _start_coredns(self) -> None:
         assert self.cluster.binaries is not None
-        ready = self.cluster.ports["coredns_ready"] = _free_port()
+        ready = self.cluster.ports["coredns_ready"] = free_port()
         corefile = self.dir / "Corefile"
         # No `forward`: names outside the cluster get NXDOMAIN/SERVFAIL, nothing goes upstream.
         corefile.write_text(
@@ -621,13 +620,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             with urllib.request.urlopen(f"http://127.0.0.1:{ready}/ready", timeout=1) as r:
                 return r.status == 200
 
-        self.cluster._wait("CoreDNS ready", p, ok, 30)
+        wait_ready("CoreDNS ready", p, ok, 30)
 
     # --- kube-proxy ---
     def _start_kube_proxy(self) -> None:
         assert self.cluster.binaries is not None
-        metrics = _free_port()
-        health = self.cluster.ports["kube_proxy_health"] = _free_port()
+        metrics = free_port()
+        health = self.cluster.ports["kube_proxy_health"] = free_port()
         config = self.dir / "kube-proxy.yaml"
         config.write_text(
             yaml.safe_dump(
@@ -655,8 +654,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def _start_kubelet(self) -> None:
         assert self.cluster.binaries is not None and self.cluster.workdir is not None
         d = self.cluster.workdir / "pki"
-        port = self.cluster.ports["kubelet"] = _free_port()
-        healthz = self.cluster.ports["kubelet_healthz"] = _free_port()
+        port = self.cluster.ports["kubelet"] = free_port()
+        healthz = self.cluster.ports["kubelet_healthz"] = free_port()
         root = self.dir / "kubelet"
         root.mkdir(parents=True, exist_ok=True)
         resolv = self.dir / "resolv.conf"
@@ -729,10 +728,4 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                 for c in node.get("status", {}).get("conditions", [])
             )
 
-        self.cluster._wait(f"real node {self.name} Ready", self.procs["kubelet"], ready, 90)
-
-
-def _free_port() -> int:
-    from .cluster import free_port
-
-    return free_port()
+        wait_ready(f"real node {self.name} Ready", self.procs["kubelet"], ready, 90)

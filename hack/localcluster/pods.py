@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .cluster import LocalCluster
+    from .handle import ClusterHandle
 
 # Waiting reasons that do not resolve by themselves.
 IMAGE_REASONS = {"ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff", "InvalidImageName"}
@@ -42,7 +42,7 @@ def pod_problem(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def get_pod(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+def get_pod(cluster: ClusterHandle, namespace: str, name: str) -> dict[str, Any] | None:
     p = cluster.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
     if p.returncode != 0:
         return None
@@ -50,7 +50,7 @@ def get_pod(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] 
 
 
 def wait_pod(
-    cluster: LocalCluster,
+    cluster: ClusterHandle,
     namespace: str,
     name: str,
     until: Callable[[dict[str, Any]], bool],
