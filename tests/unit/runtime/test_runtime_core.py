@@ -31,7 +31,7 @@ def test_core_imports_only_the_standard_library() -> None:
     code = (
         "import sys, trainer_runtime, trainer_runtime.config, trainer_runtime.layout, "
         "trainer_runtime.progress_writer, trainer_runtime.prestop, trainer_runtime.storage, "
-        "trainer_runtime.timing, trainer_runtime.triggers, trainer_runtime.fsutil\n"
+        "trainer_runtime.timing, trainer_runtime.stop.triggers, trainer_runtime.fsutil\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
         "{'torch', 'numpy', 'fsspec', 's3fs', 'botocore', 'aiobotocore'})\n"
         "print(bad)"
