@@ -29,7 +29,7 @@ CHUNK = 1024 * 1024  # hashed, then written while still in the CPU cache (torch/
 class WrittenFile:
     path: str  # relative to the checkpoint directory
     size: int
-    sha256: str  # contract.format_checksum: "<algorithm>:<hex>" for XXH3
+    checksum: str  # contract.format_checksum: "<algorithm>:<hex>" for XXH3
 
 
 def data_file(rank: int) -> str:

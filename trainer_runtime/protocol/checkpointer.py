@@ -277,8 +277,8 @@ class Checkpointer:
         and why the checkpoint was written (`kubeckpt checkpoints` lists it)."""
         files: dict[str, ManifestFile] = {}
         for report in reports:
-            for path, size, sha in report.files:
-                files[path] = ManifestFile(path=path, size=size, sha256=sha)
+            for path, size, checksum in report.files:
+                files[path] = ManifestFile.from_checksum(path, size, checksum)
         extra = self._manifest_extra(tier, reports) if self._manifest_extra else {}
         extra[MANIFEST_REASON] = reason
         return Manifest(

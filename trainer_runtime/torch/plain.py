@@ -57,7 +57,7 @@ class WrittenFile:
     path: str  # relative to the checkpoint directory
     size: int
     # contract.format_checksum: a bare SHA-256 hex digest, or "<algorithm>:<hex>" (xxh3_128)
-    sha256: str
+    checksum: str
 
 
 class _Shard:

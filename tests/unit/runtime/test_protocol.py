@@ -36,8 +36,8 @@ from trainer_runtime.storage import Tier
 
 
 class _File:
-    def __init__(self, path: str, size: int, sha256: str) -> None:
-        self.path, self.size, self.sha256 = path, size, sha256
+    def __init__(self, path: str, size: int, checksum: str) -> None:
+        self.path, self.size, self.checksum = path, size, checksum
 
 
 class ToySave:
