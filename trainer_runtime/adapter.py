@@ -258,6 +258,6 @@ class AdapterBase:
 
     @property
     def exit_code(self) -> int:
-        """What the training process should exit with (stop/exit.py): 0, or 143 after a
+        """What the training process should exit with (stop/jit.py): 0, or 143 after a
         just-in-time stop (`return mgr.exit_code` at the end of the script)."""
         return self._stop.exit_code

@@ -314,7 +314,7 @@ class KubeckptCallback(TrainerCallback):
 
     @property
     def exit_code(self) -> int:
-        """What the script should exit with after `trainer.train()` (stop/exit.py): 0, or 143
+        """What the script should exit with after `trainer.train()` (stop/jit.py): 0, or 143
         after a just-in-time stop, so that the job controller restarts the job instead of
         counting the preempted pod a success."""
         return exit_code(self.stopped)

@@ -7,17 +7,16 @@ Read top to bottom, as a stop runs:
     jit.py       the ask rides in the per-step agreement; every rank stops at one step and the
                  training thread saves it there (JitStop.decide, JitStop.save_at)
     watcher.py   or, the training thread being away from a step boundary, the watcher saves the
-                 last completed step (owner.py: exactly one of the two saves a rank's stop)
+                 last completed step (JitStop.owner: exactly one of the two saves a rank's stop)
     triggers.py  local rank 0 answers preStop: `checkpoint-done` or `checkpoint-failed`
-    jit.py       JitStop.close: the signals given back (ignored now), a late request answered
-    exit.py      the process exits 143 (PREEMPTED_EXIT_CODE), so that the job is restarted
+    jit.py       JitStop.close: the signals given back (ignored now), a late request answered;
+                 the process exits with `exit_code`, 143 (PREEMPTED_EXIT_CODE) after a stop, so
+                 that the job is restarted
 
 The request, done and failed file names are the pod's contract (contract/env.py).
 """
 
-from .exit import exit_code
-from .jit import JitStop
-from .owner import StopOwner
+from .jit import JitStop, StopOwner, exit_code
 from .triggers import RequestFile, SignalTrigger, Triggers
 
 __all__ = ["JitStop", "RequestFile", "SignalTrigger", "StopOwner", "Triggers", "exit_code"]

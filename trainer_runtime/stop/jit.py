@@ -11,8 +11,9 @@ A stop asked of any rank (triggers.py) rides in the per-step agreement, so every
 same step boundary and the training thread saves it there. One that finds the training thread
 away from a boundary (an evaluation, a data wait) is saved by the stop watcher (watcher.py) at the
 last completed optimizer step, with further optimizer steps held. Exactly one of the two saves a
-rank's stop (owner.py). Either way local rank 0 answers preStop once the checkpoint is durable or
-has failed. The checkpointer (protocol/) only schedules, saves and restores; this holds the stop.
+rank's stop (its `owner`, claimed once). Either way local rank 0 answers preStop once the
+checkpoint is durable or has failed, and the process exits with `exit_code`. The checkpointer
+(protocol/) only schedules, saves and restores; this holds the stop.
 """
 
 from __future__ import annotations
@@ -22,16 +23,35 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
-from ..contract import REASON_JIT, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, ProgressRecord
+from ..contract import (
+    PREEMPTED_EXIT_CODE,
+    REASON_JIT,
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
+    ProgressRecord,
+)
 from ..protocol import Agreement, Checkpointer, SaveResult, Staged, StepDecision
-from .exit import exit_code
-from .owner import Claim, StopOwner
 from .triggers import Triggers
 from .watcher import StopWatcher
 
 log = logging.getLogger("trainer_runtime.stop")
+
+
+def exit_code(stopped: bool) -> int:
+    """The process's exit code after training, decided here once for every adapter (the
+    zero-code hook takes it from the callbacks): 0, or PREEMPTED_EXIT_CODE (143) after a
+    just-in-time stop, so that the job controller restarts the job instead of counting the
+    preempted pod a success."""
+    return PREEMPTED_EXIT_CODE if stopped else 0
+
+
+class StopOwner(Enum):
+    """Who saves a rank's stop: exactly one actor, claimed once."""
+
+    TRAINING = "training"  # the training thread, at a step boundary
+    WATCHER = "watcher"  # the stop watcher's thread, away from one (watcher.py)
 
 
 class JitStop:
@@ -43,7 +63,8 @@ class JitStop:
         self.triggers.install()
         self.stopped = False  # the stop's checkpoint was taken (or its attempt ended)
         self.closed = False
-        self._claim = Claim()
+        self.owner: StopOwner | None = None  # who saves this rank's stop (None: nobody yet)
+        self._owner_lock = threading.Lock()
         self._finished = threading.Event()
         self._ok = False
         # Where the training thread is (watcher.py): its last step boundary, and whether an
@@ -57,16 +78,22 @@ class JitStop:
         self.watcher: StopWatcher | None = None
 
     @property
-    def owner(self) -> StopOwner | None:
-        """Who saves this rank's stop (None: nobody yet)."""
-        return self._claim.owner
-
-    @property
     def exit_code(self) -> int:
         return exit_code(self.stopped)
 
     def claim(self, who: StopOwner) -> bool:
-        return self._claim.claim(who)
+        """Make `who` the owner unless another actor is already; whether `who` owns it."""
+        with self._owner_lock:
+            if self.owner is None:
+                self.owner = who
+            return self.owner is who
+
+    @property
+    def claimed(self) -> bool:
+        return self.owner is not None
+
+    def claim_for_watcher(self) -> bool:
+        return self.claim(StopOwner.WATCHER)
 
     # ------------------------------------------------------------------ at a step boundary
 

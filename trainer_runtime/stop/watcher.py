@@ -15,8 +15,8 @@ thread per rank, on an agreement of its own, asks every `poll` seconds:
 A stop is overdue on a rank once it has been pending for `takeover_after` seconds (a few step
 times, capped by a fraction of the grace period) and that rank's training thread has not reached
 a step boundary in that time. Exactly one actor per rank saves: the training thread when it gets
-there first, else the watcher (owner.py). A rank whose completed step does not reach T in time
-makes the stop fail on every rank, and the progress record says why.
+there first, else the watcher (`JitStop.owner`, claimed once). A rank whose completed step does
+not reach T in time makes the stop fail on every rank, and the progress record says why.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from typing import Protocol
 
 from ..protocol import Agreement, Staged
 from ..protocol.commit import describe
-from .owner import StopOwner
 from .triggers import Triggers
 
 log = logging.getLogger("trainer_runtime.stop")
@@ -45,12 +44,14 @@ class WatchedStop(Protocol):
     boundary_time: float
 
     @property
-    def owner(self) -> StopOwner | None: ...
+    def claimed(self) -> bool:
+        """Someone (the training thread, or this watcher) saves the stop already."""
 
     @property
     def completed_step(self) -> int: ...
 
-    def claim(self, who: StopOwner) -> bool: ...
+    def claim_for_watcher(self) -> bool:
+        """Make the watcher the one that saves the stop; False if the training thread is."""
 
     def hold_updates(self, at: int) -> None: ...
 
@@ -121,7 +122,7 @@ class StopWatcher(threading.Thread):
         stop = self.stop
         if self.stage is None or self._requested_at is None:
             return False
-        if stop.stopped or stop.owner is not None:
+        if stop.stopped or stop.claimed:
             return False
         wait = self.takeover_after()
         return now - self._requested_at >= wait and now - stop.boundary_time >= wait
@@ -131,7 +132,7 @@ class StopWatcher(threading.Thread):
         stop = self.stop
         completed = self.ctl.all_gather(stop.completed_step)
         target = max(completed)
-        mine = stop.claim(StopOwner.WATCHER)
+        mine = stop.claim_for_watcher()
         # Hold optimizer steps past the target (the adapter's pre-step hook waits); a rank one
         # step behind finishes its step: in data-parallel training it is in its optimizer step.
         stop.hold_updates(target)

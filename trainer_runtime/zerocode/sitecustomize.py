@@ -12,7 +12,7 @@ What it does:
   auto-resume. The finder then takes itself off sys.meta_path.
 
 - After a just-in-time stop of an attached Trainer: the process exits 143 instead of the script's
-  0 (the callback's `exit_code`, trainer_runtime/stop/exit.py), so that the job controller
+  0 (the callback's `exit_code`, trainer_runtime/stop/jit.py), so that the job controller
   restarts the job rather than take the preempted pod for a success. An atexit handler
   registered here, before the script runs, runs last of all: the script's own handlers, threads
   and output are done by then.
