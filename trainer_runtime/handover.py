@@ -6,9 +6,9 @@ writing its just-in-time checkpoint on the shared volume, and the replacement's 
 see it incomplete: it would resume from the older checkpoint before it, and delete the one being
 written as a leftover. So:
 
-- while a checkpoint is written, its writer touches the sentinel every HEARTBEAT_SECONDS (a
-  daemon thread: it stops when the sentinel goes, that is when the checkpoint is committed or
-  discarded, or when the process dies);
+- while a checkpoint is written, its writer touches the sentinel every HEARTBEAT_SECONDS (the
+  writer's side, heartbeat.py: a daemon thread that stops when the sentinel goes, that is when
+  the checkpoint is committed or discarded, or when the process dies);
 - before choosing a checkpoint, restore waits while an incomplete checkpoint newer than the
   newest complete one has a live writer: its sentinel's modification time still changes. The wait
   ends when it completes (restore takes it), when its heartbeat stops for STALE_SECONDS (its writer
@@ -27,82 +27,20 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-# layout imports this module too (its `begin` starts the heartbeat); both only use the other's
-# attributes at call time, so the cycle is harmless.
 from . import layout
-from .contract import INCOMPLETE_SENTINEL, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, checkpoint_dir_name
+from .contract import INCOMPLETE_SENTINEL, checkpoint_dir_name
+from .heartbeat import wait_timeout
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_SECONDS = 1.0
 STALE_SECONDS = 5.0
 STALE_AT_ONCE_SECONDS = 60.0
-DEFAULT_WAIT_SECONDS = 300.0
 POLL_SECONDS = 0.2
-
-
-def owner_record() -> str:
-    """What the sentinel says about its writer (for people reading the volume)."""
-    return (
-        json.dumps(
-            {
-                "writer": "kubeckpt",
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "since": time.time(),
-                # How long a replacement may wait for this writer: its own grace, which may be
-                # longer than the replacement's (the webhook sizes each pod's at its creation).
-                "graceSeconds": wait_timeout(),
-            }
-        )
-        + "\n"
-    )
-
-
-class Heartbeat(threading.Thread):
-    """Touches `sentinel` every `interval` seconds until it is gone or `stop()` is called."""
-
-    def __init__(self, sentinel: Path, interval: float = HEARTBEAT_SECONDS) -> None:
-        super().__init__(name=f"kubeckpt-heartbeat:{sentinel.parent.name}", daemon=True)
-        self.sentinel = sentinel
-        self.interval = interval
-        self._stop = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                os.utime(self.sentinel)
-            except FileNotFoundError:
-                return  # committed (the sentinel went) or discarded
-            except OSError as e:  # a read-only or full volume: the reader's wait is bounded
-                log.debug("kubeckpt: heartbeat on %s: %s", self.sentinel, e)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-
-def start_heartbeat(sentinel: Path) -> Heartbeat:
-    hb = Heartbeat(sentinel)
-    hb.start()
-    return hb
-
-
-def wait_timeout(environ: dict[str, str] | None = None) -> float:
-    """How long a replacement may wait: the victim's grace (minus the webhook's margin), which
-    the webhook injects as TORCH_ELASTIC_SHUTDOWN_TIMEOUT into every pod of the job alike."""
-    raw = (os.environ if environ is None else environ).get(TORCH_ELASTIC_SHUTDOWN_TIMEOUT, "")
-    try:
-        value = float(raw)
-    except ValueError:
-        return DEFAULT_WAIT_SECONDS
-    return value if value > 0 else DEFAULT_WAIT_SECONDS
 
 
 @dataclass

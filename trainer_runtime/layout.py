@@ -4,7 +4,8 @@
 
 1. the directory, holding only the sentinel `checkpoint-is-incomplete.txt` (fsynced with both
    directories), so even an empty leftover is recognisably incomplete; the writer touches it
-   every second until step 4 (handover.py: a replacement pod waits for a live writer);
+   every second until step 4 (heartbeat.py; handover.py: a replacement pod waits for a live
+   writer);
 2. the data files, each fsynced by its writer;
 3. `manifest.json` (size and checksum of every file), written atomically: temp, fsync, rename,
    fsync the directory;
@@ -27,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import handover
+from . import heartbeat
 from .contract import (
     INCOMPLETE_SENTINEL,
     Manifest,
@@ -38,7 +39,7 @@ from .contract import (
     verify,
     write_manifest_atomic,
 )
-from .fsutil import fsync_dir, remove_tree, sweep_trash
+from .fsutil import fsync_dir, remove_tree, sweep_trash, write_durable
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +78,12 @@ def begin(root: str | os.PathLike[str], step: int) -> Path:
         remove_tree(path)
     path.mkdir()
     sentinel = path / INCOMPLETE_SENTINEL
-    fd = os.open(sentinel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, handover.owner_record().encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durable(sentinel, heartbeat.owner_record().encode())
     fsync_dir(path)
     fsync_dir(root)
     # A replacement pod's restore waits while this beats (handover.py); it stops by itself once
     # the sentinel is gone.
-    handover.start_heartbeat(sentinel)
+    heartbeat.start(sentinel)
     return path
 
 

@@ -468,13 +468,22 @@ def test_writer_checksum_strings() -> None:
     assert parse_checksum(digest) == (SHA256, digest)
     tagged = format_checksum(XXH3_128, "a" * 32)
     assert tagged == "xxh3_128:" + "a" * 32 and parse_checksum(tagged) == (XXH3_128, "a" * 32)
-    # The protocol passes a writer's string through as `sha256=`: it lands in its own field.
+    # A writer's string (the protocol's reports) lands in its own field, through from_checksum
+    # or passed as `sha256=`.
     entry = ManifestFile(path="a", size=1, sha256=tagged)
     assert (entry.sha256, entry.xxh3_128) == (None, "a" * 32)
     assert entry.to_dict() == {"path": "a", "size": 1, "xxh3_128": "a" * 32}
+    assert ManifestFile.from_checksum("a", 1, tagged) == entry
+    assert ManifestFile.from_checksum("a", 1, digest).to_dict() == {
+        "path": "a",
+        "size": 1,
+        "sha256": digest,
+    }
     for bad in ("md5:" + "a" * 32, "xxh3_128:" + "a" * 31, "xxh3_128:" + "A" * 32, "a" * 63):
         with pytest.raises(ContractError):
             parse_checksum(bad)
+        with pytest.raises(ContractError):
+            ManifestFile.from_checksum("a", 1, bad)
     with pytest.raises(ContractError, match="expected 32 lowercase hex digits"):
         ManifestFile(path="a", size=1, xxh3_128="a" * 64)
     with pytest.raises(ContractError, match=r"file\.sha256: required field is missing"):

@@ -184,8 +184,10 @@ class ManifestFile:
     """One file of a checkpoint: relative POSIX path, size in bytes, and at least one checksum
     (lowercase hex): `sha256` and/or `xxh3_128`.
 
-    `sha256` also accepts a `format_checksum` string (`xxh3_128:<hex>`, what a writer reports),
-    which is stored under its own algorithm.
+    The fields are named for their algorithms, as the keys on disk are. A writer's report
+    (`format_checksum`: a bare SHA-256 digest or `<algorithm>:<hex>`) goes in through
+    `from_checksum`; `sha256` also still accepts such a string and stores it under its own
+    algorithm.
     """
 
     path: str
@@ -218,6 +220,13 @@ class ManifestFile:
             if checksum_available(alg):
                 return alg, digest
         return next(iter(given.items()))
+
+    @classmethod
+    def from_checksum(cls, path: str, size: int, checksum: str) -> ManifestFile:
+        """The entry of a file a writer reported: `checksum` as `format_checksum` wrote it,
+        stored under its algorithm (ContractError when malformed)."""
+        algorithm, digest = parse_checksum(checksum)
+        return cls(path=path, size=size, **{algorithm: digest})
 
     @classmethod
     def from_dict(cls, data: object, where: str = "file") -> ManifestFile:
@@ -446,7 +455,7 @@ def build_manifest(
                     f"{rel}: not a regular file (symlink or special file)", field=rel
                 )
             size, digest = hash_file(full, checksum)
-            files.append(ManifestFile(rel, size, format_checksum(checksum, digest)))
+            files.append(ManifestFile.from_checksum(rel, size, format_checksum(checksum, digest)))
     files.sort(key=lambda f: f.path)
     return Manifest(
         step=step,

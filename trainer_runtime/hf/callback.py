@@ -41,12 +41,12 @@ from typing import Any
 from transformers import TrainerCallback
 
 from .. import handover, layout
+from ..adapter import before_update
 from ..config import Config
 from ..contract import (
     INCOMPLETE_SENTINEL,
     MANIFEST_FILE,
     MANIFEST_REASON,
-    PREEMPTED_EXIT_CODE,
     REASON_JIT,
     REASON_PERIODIC,
     Manifest,
@@ -57,6 +57,7 @@ from ..contract import (
 from ..fsutil import fsync_dir, fsync_file
 from ..protocol import Checkpointer, Report, SaveResult, TierCommit
 from ..protocol.resume import same_world_size
+from ..stop import JitStop, StopOwner, exit_code
 from ..storage import Tier, persistent_tier
 from ..torch.dcp import hash_files
 from .kubeflow import guard_kubeflow_callbacks
@@ -166,6 +167,7 @@ class KubeckptCallback(TrainerCallback):
             persistent_tier(s.checkpoint_uri, config.resolved_staging_dir())
         self.keep = s.max_checkpoints
         self.ckpt: Checkpointer | None = None
+        self.stop: JitStop | None = None  # the just-in-time stop over `ckpt`
         self.comm: Any = None
         self.io: Any = None
         self.ctl: Any = None
@@ -236,11 +238,11 @@ class KubeckptCallback(TrainerCallback):
         if self.config.enabled:
             self.adopt(args)
 
-    def _ensure(self) -> Checkpointer:
-        """The protocol, once torch.distributed is set up (every rank calls this in the same
-        order: it creates three process groups)."""
-        if self.ckpt is not None:
-            return self.ckpt
+    def _ensure(self) -> tuple[Checkpointer, JitStop]:
+        """The protocol and the stop, once torch.distributed is set up (every rank calls this in
+        the same order: it creates three process groups)."""
+        if self.ckpt is not None and self.stop is not None:
+            return self.ckpt, self.stop
         from ..torch import workers
         from ..torch.agreement import groups, member
 
@@ -253,6 +255,7 @@ class KubeckptCallback(TrainerCallback):
         self.ckpt = Checkpointer(
             self.config, framework=FRAMEWORK, comm=self.comm, io=self.io, me=me
         )
+        self.stop = JitStop(self.ckpt)
         self.ckpt.keep_persistent = self.keep
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)))
         if self.ckpt.local is not None and (local_world != self.world_size or not self.async_save):
@@ -263,12 +266,12 @@ class KubeckptCallback(TrainerCallback):
             )
             self.ckpt.local = None
             self.ckpt.schedule.local_enabled = False
-        return self.ckpt
+        return self.ckpt, self.stop
 
     def restore(self) -> str | None:
         """The newest complete checkpoint every rank can use, across tiers (a download for
         s3://, kept until training has started): the path to pass to `train()`."""
-        ckpt = self._ensure()
+        ckpt, stop = self._ensure()
         restored = ckpt.restore(
             _HFLoader(self.world_size),
             local_usable=same_world_size(ckpt.me, needs="trainer_state.json"),
@@ -276,6 +279,7 @@ class KubeckptCallback(TrainerCallback):
         )
         if restored is None:
             return None
+        stop.at_boundary(restored.step)
         if not restored.tier.shared or restored.path != restored.tier.write_dir(restored.step):
             self._fetched = (restored.tier, restored.step)
         return str(restored.path)
@@ -283,7 +287,7 @@ class KubeckptCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self._hf_trainer is not None:  # a KubeflowCallback added after kubeckpt_trainer()
             guard_kubeflow_callbacks(self._hf_trainer, lambda: self.stopped)
-        ckpt = self._ensure()
+        ckpt, stop = self._ensure()
         self._state = state
         ckpt.progress.total_steps = state.max_steps or None
         ckpt.progress.total_epochs = int(args.num_train_epochs) if args.max_steps <= 0 else None
@@ -295,41 +299,41 @@ class KubeckptCallback(TrainerCallback):
                 saved_time = None
             name = os.path.basename(self.resumed_from)
             ckpt.progress.resumed(name, self.resumed_from, saved_time)
-        ckpt.stops.install()
+        stop.triggers.install()
         ckpt.schedule.restart_interval()
         optimizer = kwargs.get("optimizer")
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the torch one
         if inner is not None and hasattr(inner, "register_step_pre_hook"):
             self._hooks = [
                 inner.register_step_pre_hook(lambda *_: self._before_update()),
-                inner.register_step_post_hook(lambda *_: ckpt.mark_update()),
+                inner.register_step_post_hook(lambda *_: stop.mark_update()),
             ]
         # Away from a step boundary (a long evaluation), the watcher saves from its own thread:
         # only with async staging, which copies without the training thread's collectives.
-        ckpt.start_watcher(self.ctl, self._takeover_stage if self.async_save else None)
+        stop.start_watcher(self.ctl, self._takeover_stage if self.async_save else None)
 
     @property
     def exit_code(self) -> int:
-        """What the script should exit with after `trainer.train()`: 0, or PREEMPTED_EXIT_CODE
-        (143) after a just-in-time stop, so that the job controller restarts the job instead of
-        counting the preempted pod a success (see trainer_runtime.contract.PREEMPTED_EXIT_CODE)."""
-        return PREEMPTED_EXIT_CODE if self.stopped else 0
+        """What the script should exit with after `trainer.train()` (stop/jit.py): 0, or 143
+        after a just-in-time stop, so that the job controller restarts the job instead of
+        counting the preempted pod a success."""
+        return exit_code(self.stopped)
 
     def on_train_end(self, args, state, control, **kwargs):
-        ckpt = self.ckpt
-        if ckpt is None:
+        ckpt, stop = self.ckpt, self.stop
+        if ckpt is None or stop is None:
             return
         self._release_fetched()
         # The last save is durable and committed before train() returns. After a JIT stop a later
         # SIGTERM (the kubelet's, after preStop) must not turn the clean exit into 143.
-        ckpt.close(final=lambda: self._record(state))
-        self.stopped = self.stopped or ckpt.stopped
+        stop.close(final=lambda: self._record(state))
+        self.stopped = self.stopped or stop.stopped
         self._failed = (ckpt.failed_saves, ckpt.last_error)
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        self._close_groups(ckpt.watcher is None or not ckpt.watcher.is_alive())
-        self.ckpt = None
+        self._close_groups(stop.watcher is None or not stop.watcher.is_alive())
+        self.ckpt = self.stop = None
 
     def _close_groups(self, watcher_ended: bool = True) -> None:
         for comm in (self.comm, self.io, self.ctl):
@@ -386,8 +390,8 @@ class KubeckptCallback(TrainerCallback):
     # --- save decisions ---
 
     def _decide(self, state, control, *, end_of_epoch: bool) -> None:
-        ckpt = self.ckpt
-        if ckpt is None:
+        ckpt, stop = self.ckpt, self.stop
+        if ckpt is None or stop is None:
             return
         step = state.global_step
         if not self.config.enabled or self.stopped:
@@ -401,22 +405,22 @@ class KubeckptCallback(TrainerCallback):
             return
         hf_save = bool(control.should_save)  # the Trainer's own save_strategy
         ckpt.epoch = int(state.epoch or 0)
-        decision = ckpt.decide(step, end_of_epoch=end_of_epoch, also_persistent=hf_save)
+        decision = stop.decide(step, end_of_epoch=end_of_epoch, also_persistent=hf_save)
         self._refresh_progress(state)
-        if decision.stop and ckpt.stop_owner == "watcher":  # saved while away from a boundary
+        if decision.stop and stop.owner is StopOwner.WATCHER:  # saved away from a boundary
             self.stopped = True
             control.should_training_stop = True
             control.should_save = False
             return
         if decision.stop:
             control.should_training_stop = True
-            if ckpt.stop_requested(step):
+            if stop.begin(step):
                 control.should_save = True
                 self._due = (step, True, ckpt.persistent is None, REASON_JIT)
             else:  # this step is durable already: only the answer is left
                 self.stopped = True
                 control.should_save = False
-                ckpt.stop_done(step, None)
+                stop.finish(step, None)
         elif decision.persistent or decision.local:
             control.should_save = True
             self._due = (step, decision.persistent, decision.local, REASON_PERIODIC)
@@ -459,7 +463,7 @@ class KubeckptCallback(TrainerCallback):
     def save_staged(self, stage: Any, step: int, epoch: int) -> None:
         """Stage (training thread) and hand over to the protocol's writer thread; a JIT save
         blocks until durable and then answers preStop."""
-        assert self.ckpt is not None and self._due is not None
+        assert self.ckpt is not None and self.stop is not None and self._due is not None
         _, persistent, local, reason = self._due
         self._due = None
         self._saved_step = step
@@ -475,22 +479,15 @@ class KubeckptCallback(TrainerCallback):
         )
         if jit:
             self.stopped = True
-            self.ckpt.stop_done(step, result)
+            self.stop.finish(step, result)
 
     def staged(self, snapshot: Any, error: str | None = None) -> _HFSave:
         self._in_flight = _HFSave(snapshot, self.rank, error)
         return self._in_flight
 
     def _before_update(self) -> None:
-        ckpt = self.ckpt
-        if ckpt is None:
-            return
-        ckpt.before_update()  # a stop saved by the watcher holds updates until durable
-        staged = self._in_flight
-        if staged is not None and ckpt.session.busy:
-            t0 = time.monotonic()
-            staged.wait_before_update()
-            ckpt.session.add_stall(time.monotonic() - t0)
+        if self.ckpt is not None and self.stop is not None:
+            before_update(self.stop, self.ckpt.session, self._in_flight)
 
     def _takeover_stage(self, step: int) -> _HFSave:
         """The stop watcher's copy of the state at `step`, the training thread being away."""
@@ -505,7 +502,7 @@ class KubeckptCallback(TrainerCallback):
     # --- the synchronous path: the Trainer writes, the protocol commits around it ---
 
     def _begin_inline(self, step: int, state: Any) -> None:
-        assert self.ckpt is not None and self._due is not None
+        assert self.ckpt is not None and self.stop is not None and self._due is not None
         ckpt = self.ckpt
         reason = self._due[3]
         tier = ckpt.persistent
@@ -524,7 +521,7 @@ class KubeckptCallback(TrainerCallback):
             ckpt.record(result)
             if reason == REASON_JIT:
                 self.stopped = True
-                ckpt.stop_done(step, result)
+                self.stop.finish(step, result)
             return
         self._inline = (commit, started, reason)
 
@@ -549,7 +546,7 @@ class KubeckptCallback(TrainerCallback):
         return build
 
     def on_save(self, args, state, control, **kwargs):
-        if self._inline is None or self.ckpt is None:
+        if self._inline is None or self.ckpt is None or self.stop is None:
             return
         commit, started, reason = self._inline
         self._inline = None
@@ -592,7 +589,7 @@ class KubeckptCallback(TrainerCallback):
         self._refresh_progress(state)
         if reason == REASON_JIT:
             self.stopped = True
-            self.ckpt.stop_done(step, result)
+            self.stop.finish(step, result)
 
 
 def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..contract import format_checksum, new_hasher, preferred_checksum
-from ..fsutil import lower_thread_priority, write_all
+from ..fsutil import lower_thread_priority, write_all, write_durable
 
 FORMAT = "kubeckpt-jax-local/1"
 CHUNK = 1024 * 1024  # hashed, then written while still in the CPU cache (torch/plain.py)
@@ -29,7 +29,7 @@ CHUNK = 1024 * 1024  # hashed, then written while still in the CPU cache (torch/
 class WrittenFile:
     path: str  # relative to the checkpoint directory
     size: int
-    sha256: str  # contract.format_checksum: "<algorithm>:<hex>" for XXH3
+    checksum: str  # contract.format_checksum: "<algorithm>:<hex>" for XXH3
 
 
 def data_file(rank: int) -> str:
@@ -99,12 +99,7 @@ def write_process(
     index = json.dumps({"format": FORMAT, "leaves": entries}).encode()
     index_digest = new_hasher(algorithm)
     index_digest.update(index)
-    fd = os.open(directory / index_file(rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        write_all(fd, index, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durable(directory / index_file(rank), index)
     return [
         WrittenFile(data_file(rank), offset, format_checksum(algorithm, digest.hexdigest())),
         WrittenFile(

@@ -21,7 +21,6 @@ array, so a step that donates its input buffers cannot change what is being writ
 
 from __future__ import annotations
 
-import atexit
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,11 +29,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..adapter import AdapterBase
 from ..config import Config
 from ..contract import Manifest
-from ..protocol import Checkpointer, Report, SaveResult
-from ..protocol.adapter import AdapterBase
-from ..protocol.resume import same_world_size
+from ..protocol import Report, SaveResult
 from ..storage import LocalTier, Tier
 from . import local_format, orbax_format
 from .agreement import groups, member
@@ -123,32 +121,24 @@ class CheckpointManager(AdapterBase):
         total_steps: int | None = None,
         total_epochs: int | None = None,
     ) -> None:
-        self.config = config
-        self.enabled = config.enabled
         me = member(config.settings.local_dir)
         self.rank = me.rank
         self.world_size = me.world_size
         # Three namespaces, as torch has three groups: the per-step question, the writer thread's
         # save, the stop watcher's.
-        self._comm, self._io, self._ctl = groups(self.enabled)
-        self._ckpt = Checkpointer(
+        self._comm, self._io, self._ctl = groups(config.enabled)
+        self._start(
             config,
             framework=FRAMEWORK,
+            me=me,
             comm=self._comm,
             io=self._io,
-            me=me,
             total_steps=total_steps,
             total_epochs=total_epochs,
-            manifest_extra=self._manifest_extra,
         )
-        self.epoch = 0
-        self.step = 0
-        self._closed = False
-        self._last_report: tuple[Any, Any, Any] = (None, None, None)
-        atexit.register(self._at_exit)
         # JAX has no optimizer hook to hold updates with, so the watcher does not save on its
-        # own: it spreads a stop to every process's next step boundary (protocol/watcher.py).
-        self._ckpt.start_watcher(self._ctl, None)
+        # own: it spreads a stop to every process's next step boundary (stop/watcher.py).
+        self._stop.start_watcher(self._ctl, None)
 
     @classmethod
     def from_env(
@@ -176,12 +166,10 @@ class CheckpointManager(AdapterBase):
         Every process agrees on one step: a process whose local copy is missing or corrupt makes
         all of them use another checkpoint, never a different step each.
         """
-        own = same_world_size(self._ckpt.me, needs=local_format.index_file(self.rank))
         loader = _JaxLoader(self, state)
-        restored = self._ckpt.restore(loader, local_usable=own)
+        restored = self._restore(loader, needs=local_format.index_file(self.rank))
         if restored is None:
             return state, 0
-        self.step = restored.step
         self.epoch = restored.manifest.epoch
         return loader.state, restored.step
 
@@ -201,41 +189,20 @@ class CheckpointManager(AdapterBase):
         """Call after each optimizer step with the number of steps done and the new state. Saves
         when due; returns True when the loop must stop (a just-in-time checkpoint was taken, or
         its attempt ended). `loss` may be a jax.Array: it is read only on progress writes."""
-        if self.stopped:
-            self._ckpt.after_stop()
-            return True
-        self.step = step
-        if epoch is not None:
-            self.epoch = epoch
-        self._ckpt.epoch = self.epoch
-        self._last_report = (loss, learning_rate, metrics)
-        decision = self._ckpt.decide(step, end_of_epoch=end_of_epoch)
-        if decision.stop:
-            if self._ckpt.stop_owner != "watcher":
-                self._ckpt.stop(step, lambda: self._stage(state))
-            self._write_progress(step, loss, learning_rate, metrics, final=True)
-            return True
-        if decision.persistent or decision.local:
-            blocking = not self.config.async_save
-            self._ckpt.save(
-                step,
-                lambda: self._stage(state),
-                persistent=decision.persistent,
-                local=decision.local,
-                blocking=blocking,
-            )
-        if self.progress.due(step):
-            self._write_progress(step, loss, learning_rate, metrics)
-        return False
+        return self._step_end(
+            step,
+            lambda blocking: self._stage(state),
+            epoch=epoch,
+            loss=loss,
+            learning_rate=learning_rate,
+            metrics=metrics,
+            end_of_epoch=end_of_epoch,
+        )
 
     def save(self, step: int, state: Any, *, blocking: bool = True) -> SaveResult | None:
         """Save now to the persistent tier (every process must call it at the same step)."""
         self.step = step
-        return self._ckpt.save(step, lambda: self._stage(state), blocking=blocking)
-
-    def wait(self) -> SaveResult | None:
-        """Block until the save in flight (if any) is durable or has failed; its result."""
-        return self._ckpt.session.wait()
+        return self._save(step, lambda: self._stage(state), blocking=blocking)
 
     def _stage(self, state: Any) -> _JaxSave:
         paths, leaves = _paths(state)
@@ -258,49 +225,10 @@ class CheckpointManager(AdapterBase):
             }
         }
 
-    # ------------------------------------------------------------------ progress and shutdown
+    # ------------------------------------------------------------------ progress
 
-    def _write_progress(
-        self,
-        step: int,
-        loss: Any,
-        learning_rate: Any,
-        metrics: Mapping[str, Any] | None,
-        *,
-        final: bool = False,
-    ) -> None:
-        if not self.progress.enabled:
-            return
-        self._ckpt.write_progress(self._record(step, loss, learning_rate, metrics), final=final)
-
-    def _record(
-        self, step: int, loss: Any, learning_rate: Any, metrics: Mapping[str, Any] | None
-    ) -> Any:
-        timer = self._ckpt.timer
-        return self.progress.build(
-            step,
-            epoch=self.epoch,
-            loss=None if loss is None else float(loss),
-            learning_rate=None if learning_rate is None else float(learning_rate),
-            step_seconds=timer.step_seconds,
-            eta_seconds=timer.eta_seconds(step, self.progress.total_steps),
-            metrics=dict(metrics or {}),
+    def _scalars(self, loss: Any, learning_rate: Any) -> tuple[Any, Any]:
+        return (
+            None if loss is None else float(loss),
+            None if learning_rate is None else float(learning_rate),
         )
-
-    def close(self) -> None:
-        """Wait for the save in flight, write the final progress record and the termination
-        message, and remove signal handlers. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        atexit.unregister(self._at_exit)
-        self._ckpt.close(final=None if self.stopped else self._final_record)
-
-    def _final_record(self) -> Any:
-        if not self.progress.enabled:
-            return None
-        return self._record(self.step, *self._last_report)
-
-    def _at_exit(self) -> None:
-        if not self._closed and not self.stopped:
-            self._write_progress(self.step, *self._last_report, final=True)

@@ -32,7 +32,7 @@ class FileInfo(Protocol):
 
     path: str
     size: int
-    sha256: str
+    checksum: str  # contract.format_checksum: a bare SHA-256 hex digest, or "<algorithm>:<hex>"
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Report:
     node: str
     ok: bool
     error: str | None = None
-    files: list[tuple[str, int, str]] = field(default_factory=list)
+    files: list[tuple[str, int, str]] = field(default_factory=list)  # (path, size, checksum)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -170,7 +170,7 @@ class TierCommit:
             node=self.me.node,
             ok=error is None,
             error=error,
-            files=[(f.path, f.size, f.sha256) for f in files],
+            files=[(f.path, f.size, f.checksum) for f in files],
         )
         reports = [Report.from_wire(r) for r in self.io.all_gather(mine.to_wire())]
         failures = [f"rank {r.rank}: {r.error}" for r in reports if not r.ok]

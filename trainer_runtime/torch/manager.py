@@ -20,10 +20,8 @@ the per-rank plain format otherwise) and the loader.
 
 from __future__ import annotations
 
-import atexit
 import io
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from ..adapter import AdapterBase, before_update
 from ..config import Config
 from ..contract import (
     INCOMPLETE_SENTINEL,
@@ -43,9 +42,7 @@ from ..contract import (
     Manifest,
 )
 from ..fsutil import write_durable
-from ..protocol import Checkpointer, Report, RestoreError, SaveResult
-from ..protocol.adapter import AdapterBase
-from ..protocol.resume import same_world_size
+from ..protocol import Report, RestoreError, SaveResult
 from ..storage import Tier
 from . import dcp as dcp_format
 from . import plain, reshard, workers
@@ -129,7 +126,6 @@ class CheckpointManager(AdapterBase):
         total_steps: int | None = None,
         total_epochs: int | None = None,
     ) -> None:
-        self.config = config
         self.model = model
         if optimizer is None:
             self.optimizers: list[torch.optim.Optimizer] = []
@@ -145,19 +141,17 @@ class CheckpointManager(AdapterBase):
         me = member()
         self.rank, self.local_rank, self.world_size = me.rank, me.local_rank, me.world_size
         self.node = me.node
-        self.enabled = config.enabled
         # Three groups, created in the same order on every rank (see the module docstring); the
-        # third is the stop watcher's (protocol/watcher.py).
-        self._comm, self._io, self._ctl = groups(self.enabled)
-        self._ckpt = Checkpointer(
+        # third is the stop watcher's (stop/watcher.py).
+        self._comm, self._io, self._ctl = groups(config.enabled)
+        self._start(
             config,
             framework=FRAMEWORK,
+            me=me,
             comm=self._comm,
             io=self._io,
-            me=me,
             total_steps=total_steps,
             total_epochs=total_epochs,
-            manifest_extra=self._manifest_extra,
         )
         if self.enabled and config.settings.jit:
             workers.install()  # DataLoader workers outlive the stop signal (workers.py)
@@ -169,17 +163,10 @@ class CheckpointManager(AdapterBase):
         if self.optimizers:
             # The first optimizer's step is the training step (a GAN's second is part of it).
             self._hooks.append(
-                self.optimizers[0].register_step_post_hook(lambda *_: self._ckpt.mark_update())
+                self.optimizers[0].register_step_post_hook(lambda *_: self._stop.mark_update())
             )
-        self.epoch = 0
-        self.step = 0
-        self._closed = False
-        self._last_report: tuple[Any, Any, Any] = (None, None, None)
         self._warmed = False
-        # A script that never calls close() (an exception, sys.exit) still leaves its final record
-        # for `kubectl`; nothing more happens at exit, where other ranks may already be gone.
-        atexit.register(self._at_exit)
-        self._ckpt.start_watcher(self._ctl, lambda step: self._stage(step, blocking=True))
+        self._stop.start_watcher(self._ctl, lambda step: self._stage(step, blocking=True))
 
     @classmethod
     def from_env(
@@ -218,12 +205,8 @@ class CheckpointManager(AdapterBase):
         is skipped for the next one, local and persistent tiers alike (the local tier first when
         both hold the same step, being faster).
         """
-        own = same_world_size(self._ckpt.me, needs=plain.state_file(self.rank))
-        restored = self._ckpt.restore(_TorchLoader(self), local_usable=own)
-        if restored is None:
-            return 0
-        self.step = restored.step
-        return restored.step
+        restored = self._restore(_TorchLoader(self), needs=plain.state_file(self.rank))
+        return 0 if restored is None else restored.step
 
     def _plain_source_rank(self, manifest: Manifest) -> int:
         if manifest.world_size == self.world_size:
@@ -315,52 +298,37 @@ class CheckpointManager(AdapterBase):
 
         `loss` may be a tensor: it is read (synchronising the device) only on progress writes.
         """
-        if self.stopped:
-            self._ckpt.after_stop()
-            return True
-        self.step = step
-        if epoch is not None:
-            self.epoch = epoch
-        elif self.sampler is not None and hasattr(self.sampler, "epoch"):
-            self.epoch = int(self.sampler.epoch)
-        self._ckpt.epoch = self.epoch
-        self._last_report = (loss, learning_rate, metrics)
+        if epoch is None and self.sampler is not None and hasattr(self.sampler, "epoch"):
+            epoch = int(self.sampler.epoch)
+        if not self.stopped:
+            self._warm()
+        return self._step_end(
+            step,
+            lambda blocking: self._stage(step, blocking=blocking),
+            epoch=epoch,
+            loss=loss,
+            learning_rate=learning_rate,
+            metrics=metrics,
+            end_of_epoch=end_of_epoch,
+        )
+
+    def _warm(self) -> None:
+        """Once the optimizer's state exists the buffers can be sized (and faulted in) ahead."""
         if (
             not self._warmed
             and self.enabled
             and self.config.async_save
             and all(opt.state for opt in self.optimizers)
         ):
-            # Once the optimizer's state exists the buffers can be sized (and faulted in) ahead.
             self._warmed = True
             self._stager.warm(self._targets())
-        decision = self._ckpt.decide(step, end_of_epoch=end_of_epoch)
-        if decision.stop:
-            if self._ckpt.stop_owner != "watcher":
-                self._ckpt.stop(step, lambda: self._stage(step, blocking=True))
-            self._write_progress(self.step, loss, learning_rate, metrics, final=True)
-            return True
-        if decision.persistent or decision.local:
-            blocking = not self.config.async_save
-            self._ckpt.save(
-                step,
-                lambda: self._stage(step, blocking=blocking),
-                persistent=decision.persistent,
-                local=decision.local,
-                blocking=blocking,
-            )
-        if self.progress.due(step):
-            self._write_progress(step, loss, learning_rate, metrics)
-        return False
 
     # ------------------------------------------------------------------ saving
 
     def save(self, step: int | None = None, *, blocking: bool = True) -> SaveResult | None:
         """Save now to the persistent tier (every rank must call it at the same step)."""
         step = self.step if step is None else step
-        return self._ckpt.save(
-            step, lambda: self._stage(step, blocking=blocking), blocking=blocking
-        )
+        return self._save(step, lambda: self._stage(step, blocking=blocking), blocking=blocking)
 
     def _stage(self, step: int, *, blocking: bool) -> _TorchSave:
         tree = self._targets()
@@ -414,16 +382,7 @@ class CheckpointManager(AdapterBase):
         return state
 
     def _before_optimizer_step(self, *_args: Any) -> None:
-        self._ckpt.before_update()  # a stop saved by the watcher holds updates until durable
-        staged = self._staged
-        if staged is not None and self._ckpt.session.busy:
-            t0 = time.monotonic()
-            staged.wait_before_update()
-            self._ckpt.session.add_stall(time.monotonic() - t0)
-
-    def wait(self) -> SaveResult | None:
-        """Block until the save in flight (if any) is durable or has failed; its result."""
-        return self._ckpt.session.wait()
+        before_update(self._stop, self._ckpt.session, self._staged)
 
     def _write_dcp_rank_files(
         self, directory: Path, small: dict[str, Any], written: list[plain.WrittenFile]
@@ -442,59 +401,13 @@ class CheckpointManager(AdapterBase):
             *dcp_format.hash_files(directory, [name]),
         ]
 
-    # ------------------------------------------------------------------ progress and shutdown
+    # ------------------------------------------------------------------ progress
 
-    def _write_progress(
-        self,
-        step: int,
-        loss: Any,
-        learning_rate: Any,
-        metrics: Mapping[str, Any] | None,
-        *,
-        final: bool = False,
-    ) -> None:
-        if not self.progress.enabled:
-            return
-        self._ckpt.write_progress(self._record(step, loss, learning_rate, metrics), final=final)
-
-    def _record(
-        self, step: int, loss: Any, learning_rate: Any, metrics: Mapping[str, Any] | None
-    ) -> Any:
+    def _scalars(self, loss: Any, learning_rate: Any) -> tuple[Any, Any]:
         if learning_rate is None and self.optimizers:
             learning_rate = self.optimizers[0].param_groups[0].get("lr")
         if isinstance(loss, torch.Tensor):
             loss = loss.detach().float().item()
         if isinstance(learning_rate, torch.Tensor):
             learning_rate = learning_rate.item()
-        timer = self._ckpt.timer
-        return self.progress.build(
-            step,
-            epoch=self.epoch,
-            loss=loss,
-            learning_rate=learning_rate,
-            step_seconds=timer.step_seconds,
-            eta_seconds=timer.eta_seconds(step, self.progress.total_steps),
-            metrics=dict(metrics or {}),
-        )
-
-    def close(self) -> None:
-        """Wait for the save in flight, write the final progress record and the termination
-        message, and remove hooks and signal handlers. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        atexit.unregister(self._at_exit)
-        try:
-            self._ckpt.close(final=None if self.stopped else self._final_record)
-        finally:
-            for hook in self._hooks:
-                hook.remove()
-
-    def _final_record(self) -> Any:
-        if not self.progress.enabled:
-            return None
-        return self._record(self.step, *self._last_report)
-
-    def _at_exit(self) -> None:
-        if not self._closed and not self.stopped:
-            self._write_progress(self.step, *self._last_report, final=True)
+        return loss, learning_rate

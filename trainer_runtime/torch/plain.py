@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..contract import SHA256, format_checksum, new_hasher, preferred_checksum
-from ..fsutil import lower_thread_priority, write_all
+from ..fsutil import lower_thread_priority, write_all, write_durable
 from .state import TENSOR_REF, fill_skeleton, iter_tensors, local_tensor, skeleton
 
 FORMAT = "kubeckpt-plain/1"
@@ -57,7 +57,7 @@ class WrittenFile:
     path: str  # relative to the checkpoint directory
     size: int
     # contract.format_checksum: a bare SHA-256 hex digest, or "<algorithm>:<hex>" (xxh3_128)
-    sha256: str
+    checksum: str
 
 
 class _Shard:
@@ -138,12 +138,7 @@ def write_rank(
     data = buf.getbuffer()
     digest = new_hasher(algorithm)
     digest.update(data)
-    fd = os.open(directory / state_file(rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        write_all(fd, data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durable(directory / state_file(rank), data)
     files.append(
         WrittenFile(state_file(rank), len(data), format_checksum(algorithm, digest.hexdigest()))
     )

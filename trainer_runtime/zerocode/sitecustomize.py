@@ -12,9 +12,10 @@ What it does:
   auto-resume. The finder then takes itself off sys.meta_path.
 
 - After a just-in-time stop of an attached Trainer: the process exits 143 instead of the script's
-  0 (trainer_runtime.contract.PREEMPTED_EXIT_CODE), so that the job controller restarts the job
-  rather than take the preempted pod for a success. An atexit handler registered here, before the
-  script runs, runs last of all: the script's own handlers, threads and output are done by then.
+  0 (the callback's `exit_code`, trainer_runtime/stop/jit.py), so that the job controller
+  restarts the job rather than take the preempted pod for a success. An atexit handler
+  registered here, before the script runs, runs last of all: the script's own handlers, threads
+  and output are done by then.
 
 It imports only the standard library and never torch or transformers: a script that does not
 import transformers runs exactly as without it. Any failure inside the hook prints one warning to
@@ -28,7 +29,6 @@ import sys
 _MIN_PYTHON = (3, 11)
 _TARGET = "transformers.trainer"
 _MARK = "_kubeckpt_zerocode"
-_PREEMPTED_EXIT_CODE = 143  # trainer_runtime.contract.PREEMPTED_EXIT_CODE (stdlib only here)
 _warned = []
 _attached = []  # the callbacks attached to Trainers
 
@@ -152,14 +152,16 @@ class _TrainerFinder:
 
 def _exit_status():
     """The last atexit handler: 143 after a just-in-time stop, whatever the script returned."""
-    if not any(getattr(c, "stopped", False) for c in _attached):
+    codes = [getattr(callback, "exit_code", 0) for callback in _attached]
+    code = next((c for c in codes if c), 0)
+    if not code:
         return
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
-    os._exit(_PREEMPTED_EXIT_CODE)
+    os._exit(code)
 
 
 def _install():

@@ -86,7 +86,7 @@ def test_hf_local_tier_is_written_and_resumed_first(tmp_path: Path, reference) -
         trainer.train()
     except KeyboardInterrupt:
         pass
-    trainer.kubeckpt.ckpt.close()  # the crash left the save at 9 to finish (and the handler)
+    trainer.kubeckpt.stop.close()  # the crash left the save at 9 to finish (and the handler)
     assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(4, True), (8, True)]
     # KUBECKPT_LOCAL_KEEP=1: the ramdisk holds the newest local checkpoint only.
     assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ramdisk")] == [(9, True)]

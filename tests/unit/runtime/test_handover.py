@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_runtime import handover, layout
+from trainer_runtime import handover, heartbeat, layout
 from trainer_runtime.contract import INCOMPLETE_SENTINEL, build_manifest, checkpoint_dir_name
 
 REPO = Path(__file__).resolve().parents[3]
@@ -116,7 +116,7 @@ def test_a_sentinel_untouched_for_long_is_dead_at_once(tmp_path: Path) -> None:
 
 def test_the_wait_is_bounded(tmp_path: Path) -> None:
     commit(tmp_path, 10)
-    hb = handover.start_heartbeat(layout.begin(tmp_path, 20) / INCOMPLETE_SENTINEL)
+    hb = heartbeat.start(layout.begin(tmp_path, 20) / INCOMPLETE_SENTINEL)
     try:
         t0 = time.monotonic()
         assert handover.wait_for_saves_in_flight(tmp_path, timeout=1.5) == [20]
@@ -136,10 +136,10 @@ def test_older_incomplete_checkpoints_are_not_waited_for(tmp_path: Path) -> None
 
 
 def test_the_bound_is_the_injected_grace() -> None:
-    assert handover.wait_timeout({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}) == 90
-    assert handover.wait_timeout({}) == handover.DEFAULT_WAIT_SECONDS
-    assert handover.wait_timeout({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "x"}) == (
-        handover.DEFAULT_WAIT_SECONDS
+    assert heartbeat.wait_timeout({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}) == 90
+    assert heartbeat.wait_timeout({}) == heartbeat.DEFAULT_WAIT_SECONDS
+    assert heartbeat.wait_timeout({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "x"}) == (
+        heartbeat.DEFAULT_WAIT_SECONDS
     )
 
 
@@ -150,7 +150,7 @@ def test_the_writers_own_grace_lengthens_the_default_bound(
     replacement's: the sentinel carries it, and the default bound is the longer of the two."""
     commit(tmp_path, 10)
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "3")  # the writer's
-    hb = handover.start_heartbeat(layout.begin(tmp_path, 20) / INCOMPLETE_SENTINEL)
+    hb = heartbeat.start(layout.begin(tmp_path, 20) / INCOMPLETE_SENTINEL)
     monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "1")  # the reader's own
     try:
         t0 = time.monotonic()

@@ -1,6 +1,7 @@
-"""The framework-neutral save protocol (trainer_runtime.protocol) with N simulated ranks: threads
-of one process, a collective over a barrier, no torch. The "framework" is a toy: each rank's state
-is a list of integers written to its own file."""
+"""The framework-neutral save protocol (trainer_runtime.protocol) and the just-in-time stop on it
+(trainer_runtime.stop) with N simulated ranks: threads of one process, a collective over a
+barrier, no torch. The "framework" is a toy: each rank's state is a list of integers written to
+its own file."""
 
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ from trainer_runtime.contract import (
     read_manifest,
 )
 from trainer_runtime.protocol import Checkpointer, Member, Pipelined, Solo
+from trainer_runtime.stop import JitStop
 from trainer_runtime.storage import Tier
 
 
 class _File:
-    def __init__(self, path: str, size: int, sha256: str) -> None:
-        self.path, self.size, self.sha256 = path, size, sha256
+    def __init__(self, path: str, size: int, checksum: str) -> None:
+        self.path, self.size, self.checksum = path, size, checksum
 
 
 class ToySave:
@@ -108,7 +110,8 @@ def _env(tmp: Path, rank: int, **extra: str) -> dict[str, str]:
 
 
 class Job:
-    """N ranks, each with its Checkpointer over two simulated groups (step and writer)."""
+    """N ranks, each with its Checkpointer over two simulated groups (step and writer), and its
+    JitStop over it (the watcher on a third)."""
 
     def __init__(self, tmp: Path, n: int, timeout: float = 5.0, **env: str) -> None:
         self.tmp = tmp
@@ -126,18 +129,19 @@ class Job:
             )
             for r in range(n)
         ]
+        self.stops = [JitStop(c) for c in self.ckpts]
 
     def watch(self, takeover: float = 0.3) -> None:
         """Start every rank's stop watcher (saving ToySave states) and return at once."""
-        for r, c in enumerate(self.ckpts):
-            c.config = dataclasses.replace(c.config, stop_takeover_seconds=takeover)
-            c.start_watcher(self.ctl.member(r), lambda step, r=r: ToySave(r, [step, r]))
+        for r, s in enumerate(self.stops):
+            s.ckpt.config = dataclasses.replace(s.ckpt.config, stop_takeover_seconds=takeover)
+            s.start_watcher(self.ctl.member(r), lambda step, r=r: ToySave(r, [step, r]))
 
     def close(self) -> None:
-        for c in self.ckpts:
-            if c.watcher is not None:
-                c.watcher.close(timeout=5)
-            c.stops.close(stopped=c.stopped)
+        for s in self.stops:
+            if s.watcher is not None:
+                s.watcher.close(timeout=5)
+            s.triggers.close(stopped=s.stopped)
 
 
 @pytest.fixture
@@ -153,12 +157,13 @@ def job(tmp_path: Path):
         j.close()
 
 
-def _train(ckpt: Checkpointer, rank: int, steps: range, **save_kw: Any) -> int | None:
+def _train(stop: JitStop, rank: int, steps: range, **save_kw: Any) -> int | None:
     """A toy loop: the state at step s is [s, rank]; returns the step it stopped at, if any."""
+    ckpt = stop.ckpt
     for step in steps:
-        d = ckpt.decide(step)
+        d = stop.decide(step)
         if d.stop:
-            ckpt.stop(step, lambda s=step: ToySave(rank, [s, rank]))
+            stop.save_at(step, lambda s=step: ToySave(rank, [s, rank]))
             return step
         if d.persistent or d.local:
             ckpt.save(
@@ -186,7 +191,7 @@ def test_pipelined_answer_lands_one_call_later() -> None:
 
 def test_every_rank_reports_its_files_and_the_manifest_lists_them(job, tmp_path: Path) -> None:
     j = job(3)
-    run_ranks(3, lambda r: _train(j.ckpts[r], r, range(1, 7)))
+    run_ranks(3, lambda r: _train(j.stops[r], r, range(1, 7)))
     root = tmp_path / "ckpt"
     assert [(e.step, e.complete) for e in layout.scan(root)] == [(4, True), (6, True)]  # keep 2
     manifest = layout.verify_checkpoint(root / "checkpoint-6", checksums=True)
@@ -232,18 +237,20 @@ def test_a_signal_during_a_save_stops_after_it_at_the_agreed_step(job, tmp_path:
     gate, entered = threading.Event(), threading.Event()
 
     def rank(r: int) -> int | None:
-        c = j.ckpts[r]
+        c = j.stops[r]
         for step in range(1, 10):
             d = c.decide(step)
             if d.stop:
-                c.stop(step, lambda s=step: ToySave(r, [s, r]))
+                c.save_at(step, lambda s=step: ToySave(r, [s, r]))
                 return step
             if d.persistent:
                 held = gate if step == 2 else None
-                c.save(step, lambda s=step, h=held: ToySave(r, [s, r], gate=h, entered=entered))
+                c.ckpt.save(
+                    step, lambda s=step, h=held: ToySave(r, [s, r], gate=h, entered=entered)
+                )
             if step == 2 and r == 1:
                 assert entered.wait(10)
-                c.stops.signal.fired = True  # what the handler does on SIGTERM
+                c.triggers.signal.fired = True  # what the handler does on SIGTERM
             if step == 3:
                 gate.set()
         return None
@@ -266,10 +273,10 @@ def test_a_signal_during_a_save_stops_after_it_at_the_agreed_step(job, tmp_path:
 def test_two_requests_at_once_make_one_save_and_one_answer(job, tmp_path: Path) -> None:
     j = job(2)
     for r in range(2):  # SIGTERM and the preStop request, on both ranks
-        j.ckpts[r].stops.signal.fired = True
+        j.stops[r].triggers.signal.fired = True
         (tmp_path / f"run-{r}").mkdir()
         (tmp_path / f"run-{r}" / "checkpoint-request").write_text("")
-    stopped = run_ranks(2, lambda r: _train(j.ckpts[r], r, range(1, 10)))
+    stopped = run_ranks(2, lambda r: _train(j.stops[r], r, range(1, 10)))
     assert stopped == [2, 2]  # asked before step 1; agreed after it; saved at 2
     assert [e.step for e in layout.scan(tmp_path / "ckpt")] == [2]
     assert j.ckpts[0].progress.checkpointing.checkpoints_created == 1
@@ -282,7 +289,7 @@ def test_a_prestop_request_during_restore_stops_at_the_restored_step_without_sav
     job, tmp_path: Path
 ) -> None:
     first = job(2)
-    run_ranks(2, lambda r: _train(first.ckpts[r], r, range(1, 5)))  # saves 2 and 4
+    run_ranks(2, lambda r: _train(first.stops[r], r, range(1, 5)))  # saves 2 and 4
     j = job(2)
 
     def arrives() -> None:  # the kubelet runs preStop while the checkpoint is being loaded
@@ -294,7 +301,7 @@ def test_a_prestop_request_during_restore_stops_at_the_restored_step_without_sav
     def rank(r: int) -> int | None:
         restored = j.ckpts[r].restore(loaders[r])
         assert restored is not None and restored.step == 4
-        return _train(j.ckpts[r], r, range(5, 10))
+        return _train(j.stops[r], r, range(5, 10))
 
     assert run_ranks(2, rank) == [6, 6]
     # Step 6 is saved by the stop (4 was restored, so 6 is not durable yet): the request arrived
@@ -306,10 +313,10 @@ def test_a_prestop_request_during_restore_stops_at_the_restored_step_without_sav
 
 def test_a_stop_at_a_step_already_durable_answers_without_saving_again(job, tmp_path) -> None:
     j = job(1)
-    c = j.ckpts[0]
+    c, s = j.ckpts[0], j.stops[0]
     assert c.save(2, lambda: ToySave(0, [2, 0]), blocking=True).ok
-    c.stops.signal.fired = True
-    assert c.stop(2, lambda: pytest.fail("staged again")) is True
+    s.triggers.signal.fired = True
+    assert s.save_at(2, lambda: pytest.fail("staged again")) is True
     done = json.loads((tmp_path / "run-0" / "checkpoint-done").read_text())
     assert done["checkpoint"].endswith("checkpoint-2")
     assert c.progress.checkpointing.checkpoints_created == 1
@@ -321,10 +328,9 @@ def test_a_rank_that_never_answers_fails_the_save_on_the_others_and_says_why(
     j = job(3, timeout=1.0)
 
     def rank(r: int):
-        c = j.ckpts[r]
         if r == 2:
             return None  # hung in a data loader: never reaches the save
-        return c.stop(2, lambda: ToySave(r, [2, r]))
+        return j.stops[r].save_at(2, lambda: ToySave(r, [2, r]))
 
     assert run_ranks(3, rank) == [False, False, None]
     record = j.ckpts[0].progress.checkpointing
@@ -344,7 +350,7 @@ def test_a_missing_local_copy_on_one_rank_makes_every_rank_use_the_persistent_ti
     for r, c in enumerate(j.ckpts):  # a ramdisk per node
         c.local = type(c.persistent)(str(tmp_path / f"ramdisk-{r}"), "local")
         c.schedule.local_enabled = True
-    run_ranks(2, lambda r: _train(j.ckpts[r], r, range(1, 4)))
+    run_ranks(2, lambda r: _train(j.stops[r], r, range(1, 4)))
     assert [e.step for e in layout.scan(tmp_path / "ramdisk-0")] == [3]
     assert [e.step for e in layout.scan(tmp_path / "ckpt")] == [2]
     shutil.rmtree(tmp_path / "ramdisk-1" / "checkpoint-3")  # node 1 was replaced
@@ -357,13 +363,13 @@ def test_a_missing_local_copy_on_one_rank_makes_every_rank_use_the_persistent_ti
 
 def test_the_core_needs_no_torch() -> None:
     code = (
-        "import sys, trainer_runtime.protocol;"
+        "import sys, trainer_runtime.protocol, trainer_runtime.stop;"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')]"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
-def _away(c: Checkpointer, away: threading.Event, *, update_after: bool = False) -> None:
+def _away(c: JitStop, away: threading.Event, *, update_after: bool = False) -> None:
     """The training thread leaves the boundary (an evaluation, a data wait) until `away` is set;
     then it takes its next optimizer step and reaches the next boundary."""
     if update_after:
@@ -380,12 +386,12 @@ def test_a_stop_during_an_evaluation_is_saved_by_the_watcher_at_the_last_step(
     back = threading.Event()
 
     def rank(r: int) -> bool:
-        c = j.ckpts[r]
+        c = j.stops[r]
         for step in range(1, 4):
             assert not c.decide(step).stop
-            c.write_progress(c.progress.build(step))  # rank 0's is the file
+            c.ckpt.write_progress(c.ckpt.progress.build(step))  # rank 0's is the file
         if r == 1:
-            c.stops.signal.fired = True  # SIGTERM while both ranks evaluate
+            c.triggers.signal.fired = True  # SIGTERM while both ranks evaluate
         _away(c, back)
         c.before_update()  # the next optimizer step (after the watcher's save: not held)
         c.mark_update()
@@ -400,7 +406,7 @@ def test_a_stop_during_an_evaluation_is_saved_by_the_watcher_at_the_last_step(
     threading.Thread(target=release_when_saved, daemon=True).start()
     assert run_ranks(2, rank) == [True, True]
     assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(3, True)]
-    assert all(c.watcher.took_over for c in j.ckpts)
+    assert all(s.watcher.took_over for s in j.stops)
     for r in range(2):
         assert json.loads((tmp_path / f"run-{r}" / "checkpoint-done").read_text())["step"] == 3
     record = j.ckpts[0].progress.checkpointing
@@ -421,13 +427,13 @@ def test_a_rank_one_step_ahead_sets_the_step_and_updates_are_held_past_it(
     held: list[bool] = []
 
     def rank(r: int) -> bool:
-        c = j.ckpts[r]
+        c = j.stops[r]
         for step in range(1, 4):
             c.decide(step)
         if r == 0:
             c.before_update()
             c.mark_update()  # step 4 done; the boundary not reached yet
-            c.stops.signal.fired = True
+            c.triggers.signal.fired = True
             _away(c, back)
         else:
             threading.Event().wait(1.0)  # behind: the watcher has agreed on 4 by now
@@ -459,18 +465,18 @@ def test_a_rank_that_never_reaches_the_step_fails_the_stop_and_says_why(
     back = threading.Event()
 
     def rank(r: int) -> None:
-        c = j.ckpts[r]
+        c = j.stops[r]
         for step in range(1, 4):
             c.decide(step)
         if r == 0:
             c.before_update()
             c.mark_update()  # rank 0 completed 4; rank 1 is stuck before its update
-            c.stops.signal.fired = True
+            c.triggers.signal.fired = True
         assert back.wait(30)
 
     j.watch(takeover=0.2)
-    for c in j.ckpts:
-        c.watcher.reach_timeout = 0.5
+    for s in j.stops:
+        s.watcher.reach_timeout = 0.5
 
     def release_when_answered() -> None:
         while not (tmp_path / "run-0" / "checkpoint-failed").exists():
@@ -491,8 +497,8 @@ def test_a_stop_at_the_boundary_is_the_training_threads_and_the_watcher_stays_ou
 ) -> None:
     j = job(2)
     j.watch(takeover=30)  # never overdue here
-    j.ckpts[1].stops.signal.fired = True
-    stopped = run_ranks(2, lambda r: _train(j.ckpts[r], r, range(1, 10)))
+    j.stops[1].triggers.signal.fired = True
+    stopped = run_ranks(2, lambda r: _train(j.stops[r], r, range(1, 10)))
     assert stopped == [1, 1] or stopped == [2, 2]  # agreed at a boundary, as without a watcher
-    assert not any(c.watcher.took_over for c in j.ckpts)
+    assert not any(s.watcher.took_over for s in j.stops)
     assert [e.step for e in layout.scan(tmp_path / "ckpt")] == [stopped[0]]

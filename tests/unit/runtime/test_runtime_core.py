@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.import_graph import core_modules
 from trainer_runtime import layout
 from trainer_runtime.config import Config
 from trainer_runtime.contract import (
@@ -28,11 +29,28 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_core_imports_only_the_standard_library() -> None:
+    """Every core module (tests/support/import_graph.py: all but torch/, hf/, jax/ and what
+    imports them), imported for real, loads nothing from outside the standard library."""
+    named = [
+        "trainer_runtime",
+        "trainer_runtime.config",
+        "trainer_runtime.layout",
+        "trainer_runtime.progress_writer",
+        "trainer_runtime.prestop",
+        "trainer_runtime.storage",
+        "trainer_runtime.timing",
+        "trainer_runtime.stop.triggers",
+        "trainer_runtime.fsutil",
+    ]
+    core = core_modules()
+    assert set(named) <= set(core)
     code = (
-        "import sys, trainer_runtime, trainer_runtime.config, trainer_runtime.layout, "
-        "trainer_runtime.progress_writer, trainer_runtime.prestop, trainer_runtime.storage, "
-        "trainer_runtime.timing, trainer_runtime.triggers, trainer_runtime.fsutil\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        f"for name in {core!r}: __import__(name)\n"
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "bad = sorted(new - set(sys.stdlib_module_names) - {'trainer_runtime'})\n"
+        "bad += sorted(m for m in sys.modules if m.split('.')[0] in "
         "{'torch', 'numpy', 'fsspec', 's3fs', 'botocore', 'aiobotocore'})\n"
         "print(bad)"
     )

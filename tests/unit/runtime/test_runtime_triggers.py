@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer_runtime import prestop
 from trainer_runtime.contract import DONE_FILE, FAILED_FILE, REQUEST_FILE
-from trainer_runtime.triggers import RequestFile, SignalTrigger
+from trainer_runtime.stop import prestop
+from trainer_runtime.stop.triggers import RequestFile, SignalTrigger
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -38,7 +38,7 @@ def test_sigterm_sets_the_flag_and_chains() -> None:
 def test_sigterm_does_not_chain_to_default_action() -> None:
     code = (
         "import os, signal, time\n"
-        "from trainer_runtime.triggers import SignalTrigger\n"
+        "from trainer_runtime.stop.triggers import SignalTrigger\n"
         "t = SignalTrigger(); t.install()\n"
         "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.05)\n"
         "print('alive', t.fired)\n"
@@ -130,7 +130,7 @@ def test_sigterm_after_a_jit_stop_does_not_end_the_exit_with_143() -> None:
     # shutting down, where the interpreter has dropped its Python signal handlers.
     code = (
         "import atexit, os, signal\n"
-        "from trainer_runtime.triggers import SignalTrigger\n"
+        "from trainer_runtime.stop.triggers import SignalTrigger\n"
         "t = SignalTrigger(); t.install(); t.uninstall(stopping=True)\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))\n"

@@ -15,8 +15,8 @@ thread per rank, on an agreement of its own, asks every `poll` seconds:
 A stop is overdue on a rank once it has been pending for `takeover_after` seconds (a few step
 times, capped by a fraction of the grace period) and that rank's training thread has not reached
 a step boundary in that time. Exactly one actor per rank saves: the training thread when it gets
-there first, else the watcher (`Checkpointer.claim_stop`). A rank whose completed step does not
-reach T in time makes the stop fail on every rank, and the progress record says why.
+there first, else the watcher (`JitStop.owner`, claimed once). A rank whose completed step does
+not reach T in time makes the stop fail on every rank, and the progress record says why.
 """
 
 from __future__ import annotations
@@ -25,24 +25,47 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .agreement import Agreement
-from .commit import describe
-from .session import Staged
+from ..protocol import Agreement, Staged
+from ..protocol.commit import describe
+from .triggers import Triggers
 
-if TYPE_CHECKING:
-    from .checkpointer import Checkpointer
-
-log = logging.getLogger("trainer_runtime.protocol")
+log = logging.getLogger("trainer_runtime.stop")
 
 DEFAULT_POLL_SECONDS = 0.5
+
+
+class WatchedStop(Protocol):
+    """What the watcher reads and drives of its rank's stop (jit.JitStop)."""
+
+    triggers: Triggers
+    stopped: bool
+    boundary_time: float
+
+    @property
+    def claimed(self) -> bool:
+        """Someone (the training thread, or this watcher) saves the stop already."""
+
+    @property
+    def completed_step(self) -> int: ...
+
+    def claim_for_watcher(self) -> bool:
+        """Make the watcher the one that saves the stop; False if the training thread is."""
+
+    def hold_updates(self, at: int) -> None: ...
+
+    def release_updates(self) -> None: ...
+
+    def save_from_watcher(self, step: int, stage: Callable[[], Staged]) -> bool: ...
+
+    def fail(self, step: int, why: str) -> None: ...
 
 
 class StopWatcher(threading.Thread):
     def __init__(
         self,
-        ckpt: Checkpointer,
+        stop: WatchedStop,
         ctl: Agreement,
         stage: Callable[[int], Staged] | None,
         *,
@@ -51,7 +74,7 @@ class StopWatcher(threading.Thread):
         poll: float = DEFAULT_POLL_SECONDS,
     ) -> None:
         super().__init__(name="kubeckpt-stop-watcher", daemon=True)
-        self.ckpt = ckpt
+        self.stop = stop
         self.ctl = ctl
         self.stage = stage
         self.takeover_after = takeover_after
@@ -73,7 +96,7 @@ class StopWatcher(threading.Thread):
             while True:
                 self._closing.wait(self.poll)
                 closing = self._closing.is_set()
-                requested = self.ckpt.stops.requested()
+                requested = self.stop.triggers.requested()
                 now = time.monotonic()
                 if requested and self._requested_at is None:
                     self._requested_at = now
@@ -84,7 +107,7 @@ class StopWatcher(threading.Thread):
                 if any_closing and not any_overdue:
                     return
                 if any_requested:
-                    self.ckpt.stops.remote = True  # this rank's next boundary votes stop too
+                    self.stop.triggers.remote = True  # this rank's next boundary votes stop too
                     if self._requested_at is None:
                         self._requested_at = now
                 if any_overdue:
@@ -96,27 +119,27 @@ class StopWatcher(threading.Thread):
             self._ended.set()
 
     def _overdue(self, now: float) -> bool:
-        ckpt = self.ckpt
+        stop = self.stop
         if self.stage is None or self._requested_at is None:
             return False
-        if ckpt.stopped or ckpt.stop_owner is not None:
+        if stop.stopped or stop.claimed:
             return False
         wait = self.takeover_after()
-        return now - self._requested_at >= wait and now - ckpt.boundary_time >= wait
+        return now - self._requested_at >= wait and now - stop.boundary_time >= wait
 
     def _take_over(self) -> None:
         """Every rank's watcher is here at the same round."""
-        ckpt = self.ckpt
-        completed = self.ctl.all_gather(ckpt.completed_step)
+        stop = self.stop
+        completed = self.ctl.all_gather(stop.completed_step)
         target = max(completed)
-        mine = ckpt.claim_stop("watcher")
+        mine = stop.claim_for_watcher()
         # Hold optimizer steps past the target (the adapter's pre-step hook waits); a rank one
         # step behind finishes its step: in data-parallel training it is in its optimizer step.
-        ckpt.hold_updates(target)
+        stop.hold_updates(target)
         deadline = time.monotonic() + self.reach_timeout
-        while ckpt.completed_step < target and time.monotonic() < deadline:
+        while stop.completed_step < target and time.monotonic() < deadline:
             time.sleep(0.01)
-        reached = ckpt.completed_step == target
+        reached = stop.completed_step == target
         agreed = self.ctl.all_ok(reached)
         if not mine:
             return  # this rank's training thread is saving (at the same step: it is parked there)
@@ -129,14 +152,14 @@ class StopWatcher(threading.Thread):
                     "(away from a step boundary)"
                 )
                 if not reached:
-                    why = f"this rank stayed at step {ckpt.completed_step}; others are at {target}"
-                ckpt.stop_failed(target, why)
+                    why = f"this rank stayed at step {stop.completed_step}; others are at {target}"
+                stop.fail(target, why)
                 return
             log.warning(
                 "kubeckpt: stop requested away from a step boundary; saving step %d now", target
             )
             stage = self.stage
             assert stage is not None  # no rank votes overdue without one
-            ckpt.stop_from_watcher(target, lambda: stage(target))
+            stop.save_from_watcher(target, lambda: stage(target))
         finally:
-            ckpt.release_updates()
+            stop.release_updates()
