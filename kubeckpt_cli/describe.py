@@ -14,9 +14,9 @@ import sys
 from datetime import datetime
 from typing import Any, TextIO
 
+from kubeckpt_api.jobkinds import job_kind
+from kubeckpt_api.optin import INJECTED_LABEL, STATUS_ANNOTATION
 from trainer_runtime.contract.env import ALL_ENV_VARS
-from trainer_runtime.contract.jobkinds import job_kind
-from trainer_runtime.contract.optin import INJECTED_LABEL, STATUS_ANNOTATION
 
 from .checkpoints import container_of
 from .cluster import Cluster

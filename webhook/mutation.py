@@ -17,7 +17,13 @@ from typing import Any
 
 import jsonpatch
 
-from trainer_runtime import __version__
+from kubeckpt_api import __version__
+from kubeckpt_api.jobkinds import job_identity
+from kubeckpt_api.optin import (
+    INJECTED_LABEL,
+    STATUS_ANNOTATION,
+    opted_in,
+)
 from trainer_runtime.contract import (
     CHECKPOINT_CONTROL_DIR,
     CHECKPOINT_ENABLED,
@@ -40,12 +46,6 @@ from trainer_runtime.contract import (
     RUN_DIR,
     TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
     TRAINING_PROGRESS_FILE,
-)
-from trainer_runtime.contract.jobkinds import job_identity
-from trainer_runtime.contract.optin import (
-    INJECTED_LABEL,
-    STATUS_ANNOTATION,
-    opted_in,
 )
 from trainer_runtime.zerocode import pythonpath_entries
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from kubeckpt_api.groupversion import CHECKPOINT_POLICY, TRAINING_PROGRESS
+from kubeckpt_api.optin import opted_in, select_policy
 from reconciler.apply import apply_status, status_patch
 from reconciler.clock import REAL_CLOCK, Clock
 from reconciler.controller import Request, Result, generation_changed
@@ -29,8 +31,7 @@ from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotF
 from reconciler.exec import exec_command
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of
-from reconciler.resources import PODS, Resource
-from trainer_runtime.contract.optin import opted_in, select_policy
+from reconciler.resources import NAMESPACES, PODS, Resource
 
 from . import discovery as d
 from .lastcheckpoint import pod_patch, wanted
@@ -45,15 +46,8 @@ log = logging.getLogger("kubeckpt.progress")
 PYTORCHJOBS = Resource(
     d.PYTORCHJOB.group, d.PYTORCHJOB.version, d.PYTORCHJOB.plural, d.PYTORCHJOB.kind
 )
-TRAININGPROGRESSES = Resource(
-    "kubeckpt.io",
-    "v1alpha1",
-    "trainingprogresses",
-    "TrainingProgress",
-    subresources=frozenset({"status"}),
-)
-CHECKPOINTPOLICIES = Resource("kubeckpt.io", "v1alpha1", "checkpointpolicies", "CheckpointPolicy")
-NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+TRAININGPROGRESSES = TRAINING_PROGRESS.resource
+CHECKPOINTPOLICIES = CHECKPOINT_POLICY.resource
 JOB_INDEX = "kubeckpt.io/job"
 # The pods' last-checkpoint annotations are written under a manager of their own, so that
 # managedFields tell them from the TrainingProgress status ("kubeckpt").

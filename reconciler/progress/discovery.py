@@ -1,7 +1,8 @@
 """Pure functions over pod and job objects: which pod is rank 0, which container, which path.
 
 What a job kind's pods look like (the labels naming the job and rank 0, the training container)
-is declared once, in trainer_runtime.contract.jobkinds; the webhook reads the same table.
+is declared once, in trainer_runtime.contract.jobkinds (read here through kubeckpt_api.jobkinds);
+the webhook reads the same table.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from kubeckpt_api.jobkinds import JOB_KINDS, PYTORCHJOB, TRAINJOB, JobKind, job_identity
+from kubeckpt_api.optin import INJECTED_LABEL, STATUS_ANNOTATION
 from reconciler.objects import KubeObject
-from trainer_runtime.contract.jobkinds import JOB_KINDS, PYTORCHJOB, TRAINJOB, JobKind, job_identity
-from trainer_runtime.contract.optin import INJECTED_LABEL, STATUS_ANNOTATION
 
 __all__ = ["JOB_KINDS", "PYTORCHJOB", "TRAINJOB", "JobKind"]
 

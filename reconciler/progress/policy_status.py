@@ -4,7 +4,7 @@ A policy the webhook cannot parse, or one that an older policy always beats, lea
 checkpoints and says so only in an admission warning that nobody reads; its status says it where
 the author looks. The decision (`policy_status`) is pure: the webhook's own parser
 (`webhook.policy.policy_from_object`) and its own choice among policies
-(`trainer_runtime.contract.optin.select_policy`: the oldest matching one wins) decide, so the
+(`kubeckpt_api.optin.select_policy`: the oldest matching one wins) decide, so the
 status cannot disagree with what admission does.
 """
 
@@ -15,18 +15,19 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+from kubeckpt_api.groupversion import CHECKPOINT_POLICY
+from kubeckpt_api.optin import INJECT_LABEL, NAMESPACE_OPT_IN, policy_precedence_key
 from reconciler.apply import apply_status, status_patch
 from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import Conflict, NotFound
 from reconciler.informer import Informer
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of
-from trainer_runtime.contract.optin import INJECT_LABEL, NAMESPACE_OPT_IN, policy_precedence_key
 from webhook.policy import policy_from_object
 
 from .status import API_VERSION, FIELD_MANAGER, set_condition
 
-KIND = "CheckpointPolicy"
+KIND = CHECKPOINT_POLICY.kind
 READY = "Ready"
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from kubeckpt_api.groupversion import TRAINING_PROGRESS
 from trainer_runtime.contract.progress import (
     LATEST_CHECKPOINT_REASON,
     REASON_JIT,
@@ -24,8 +25,8 @@ from trainer_runtime.contract.progress import (
 
 from .status_model import RECORD_KEYS, printable, record_fields
 
-API_VERSION = "kubeckpt.io/v1alpha1"
-KIND = "TrainingProgress"
+API_VERSION = TRAINING_PROGRESS.api_version
+KIND = TRAINING_PROGRESS.kind
 FIELD_MANAGER = "kubeckpt"
 
 PROGRESSING, STALLED, CHECKPOINTING, COMPLETED = (

@@ -13,12 +13,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from kubeckpt_api.jobkinds import TRAINJOB
 from reconciler.errors import ApiError, ResourceNotFound
 from reconciler.informer import Informer
 from reconciler.objects import KubeObject
 from reconciler.resources import Resource
 from trainer_runtime.contract.env import parse_duration
-from trainer_runtime.contract.jobkinds import TRAINJOB
 
 log = logging.getLogger("kubeckpt.progress.trainjob")
 

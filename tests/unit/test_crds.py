@@ -272,6 +272,26 @@ def test_crd_identity(path: Path, plural: str, kind: str, short: str) -> None:
     assert version["subresources"] == {"status": {}}
 
 
+@pytest.mark.parametrize(("path", "plural", "kind", "short"), all_crds())
+def test_api_package_declares_the_crds(path: Path, plural: str, kind: str, short: str) -> None:
+    """kubeckpt_api.groupversion, which the webhook, the controller and the CLI name the API by,
+    says what the CRD says: group, version, kind, plural, singular, short names, status."""
+    from kubeckpt_api import groupversion as gv
+
+    crd = load(path)
+    (api_kind,) = [k for k in gv.KINDS if k.kind == crd["spec"]["names"]["kind"]]
+    names = crd["spec"]["names"]
+    assert (gv.GROUP, gv.VERSION) == (crd["spec"]["group"], version_of(crd)["name"])
+    assert gv.API_VERSION == f"{crd['spec']['group']}/{version_of(crd)['name']}"
+    assert (api_kind.plural, api_kind.singular) == (names["plural"], names["singular"])
+    assert list(api_kind.short_names) == names["shortNames"]
+    assert api_kind.crd_name == crd["metadata"]["name"]
+    res = api_kind.resource
+    assert (res.group, res.version, res.plural, res.kind) == (gv.GROUP, gv.VERSION, plural, kind)
+    assert res.namespaced == (crd["spec"]["scope"] == "Namespaced")
+    assert res.subresources == frozenset(version_of(crd).get("subresources") or {})
+
+
 def structural_errors(schema: dict[str, Any], path: str = "", *, root: bool = True) -> list[str]:
     """Violations of the structural-schema rules (apiextensions.k8s.io/v1) that we can see offline.
 

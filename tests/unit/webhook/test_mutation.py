@@ -8,7 +8,7 @@ import json
 import jsonpatch
 import pytest
 
-from trainer_runtime.contract.optin import select_policy
+from kubeckpt_api.optin import select_policy
 from webhook.mutation import (
     INJECTED_LABEL,
     STATUS_ANNOTATION,

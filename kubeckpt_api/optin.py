@@ -1,6 +1,8 @@
 """Which pods kubeckpt injects: the opt-in labels, the marker, and which CheckpointPolicy applies
-(DESIGN.md, "Pods"; stdlib only). The webhook decides with these at admission; the progress
-controller asks the same question of a pod the webhook missed (NotInjected).
+(DESIGN.md, "Pods"). The webhook decides with these at admission; the progress controller asks
+the same question of a pod the webhook missed (NotInjected) and orders policies the same way for
+their status (which one shadows which); the CLI reads the marker. No pod reads them, so they are
+not in trainer_runtime.contract.
 """
 
 from __future__ import annotations
