@@ -5,6 +5,8 @@ package may import, never the reverse).
     groupversion  the group, the version, and the TrainingProgress and CheckpointPolicy kinds
     optin         the opt-in labels, the injected marker, and which CheckpointPolicy applies
     jobkinds      the job kinds (declared in trainer_runtime.contract), which job a pod is of
+    policy        a CheckpointPolicy as the webhook applies it: parsed, cached, per-job overrides
+    policy_model  the CheckpointPolicy schema as pydantic models, and its one-line errors
 
 `__version__` is trainer_runtime's: the runtime image holds trainer_runtime alone (no installed
 distribution, so no metadata to read a version from) and must still know its version, so that

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+# Every label and annotation of ours starts with it (per-job overrides: kubeckpt.io/<field>).
+ANNOTATION_PREFIX = "kubeckpt.io/"
 INJECT_LABEL = "kubeckpt.io/inject"
 INJECTED_LABEL = "kubeckpt.io/injected"
 STATUS_ANNOTATION = "kubeckpt.io/status"

@@ -3,7 +3,7 @@
 A policy the webhook cannot parse, or one that an older policy always beats, leaves pods without
 checkpoints and says so only in an admission warning that nobody reads; its status says it where
 the author looks. The decision (`policy_status`) is pure: the webhook's own parser
-(`webhook.policy.policy_from_object`) and its own choice among policies
+(`kubeckpt_api.policy.policy_from_object`) and its own choice among policies
 (`kubeckpt_api.optin.select_policy`: the oldest matching one wins) decide, so the
 status cannot disagree with what admission does.
 """
@@ -17,13 +17,13 @@ from typing import Any
 
 from kubeckpt_api.groupversion import CHECKPOINT_POLICY
 from kubeckpt_api.optin import INJECT_LABEL, NAMESPACE_OPT_IN, policy_precedence_key
+from kubeckpt_api.policy import policy_from_object
 from reconciler.apply import apply_status, status_patch
 from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import Conflict, NotFound
 from reconciler.informer import Informer
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of
-from webhook.policy import policy_from_object
 
 from .status import API_VERSION, FIELD_MANAGER, set_condition
 

@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kubeckpt_api.policy import OVERRIDES, RESERVED, Policy, apply_overrides, policy_from_object
 from trainer_runtime.contract import ContractError
-from webhook.policy import OVERRIDES, RESERVED, Policy, apply_overrides, policy_from_object
 
 FIELDS = [
     "spec", "metadata", "storage", "uri", "mountPath", "secretRef", "name", "namespace",

@@ -1,15 +1,16 @@
 """CheckpointPolicy: the effective settings for one pod (policy + validated per-job overrides).
 
-Pure functions over plain dicts (the objects as the API server returns them). The API server
-already applied the CRD's defaults; the schema (webhook.policy_model, pydantic) applies them again
-so a policy read from an older CRD version, or built by hand in a test, behaves the same. `Policy`
+Pure functions over plain dicts (the objects as the API server returns them). The webhook injects
+what they return; the progress controller's policy status runs the same parser, so the status
+cannot disagree with admission. The API server already applied the CRD's defaults; the schema
+(kubeckpt_api.policy_model, pydantic) applies them again so a policy read from an older CRD
+version, or built by hand in a test, behaves the same. `Policy`
 stays a flat frozen dataclass: the mutation reads a dozen settings and tests build it by hand,
 which the nested spec model would make verbose.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from trainer_runtime.contract import ContractError
 from trainer_runtime.contract.errors import describe
 
+from .optin import ANNOTATION_PREFIX
 from .policy_model import (
     DEFAULT_MOUNT_PATH,
     MIN_GRACE_SECONDS,
@@ -35,20 +37,15 @@ from .policy_model import (
 
 __all__ = [
     "ANNOTATION_PREFIX",
-    "DEFAULT_LOCAL_SIZE",
     "DEFAULT_MOUNT_PATH",
     "MIN_GRACE_SECONDS",
     "OVERRIDES",
     "RESERVED",
     "Policy",
     "apply_overrides",
-    "local_size_limit",
     "parse_quantity",
     "policy_from_object",
 ]
-
-ANNOTATION_PREFIX = "kubeckpt.io/"
-DEFAULT_LOCAL_SIZE = "8Gi"
 
 
 @dataclass(frozen=True)
@@ -205,17 +202,3 @@ def apply_overrides(policy: Policy, annotations: Mapping[str, str]) -> tuple[Pol
         )
         result = replace(result, strategy="time")
     return result, warnings
-
-
-# --- quantities ---
-
-
-def local_size_limit(policy: Policy, nodes: int) -> str:
-    """DESIGN.md: sizeLimit, else 2 x (params x 12 B / nodes) x 1.15, else the default."""
-    if policy.local_size_limit:
-        return policy.local_size_limit
-    if policy.local_model_parameters:
-        per_node = policy.local_model_parameters * 12 / max(nodes, 1)
-        mib = math.ceil(2 * per_node * 1.15 / 2**20)
-        return f"{max(mib, 1)}Mi"
-    return DEFAULT_LOCAL_SIZE

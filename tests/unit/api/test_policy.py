@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kubeckpt_api.policy import OVERRIDES, Policy, apply_overrides, policy_from_object
 from trainer_runtime.contract import ContractError
-from webhook.policy import OVERRIDES, Policy, apply_overrides, policy_from_object
 
 CRD = Path(__file__).parents[3] / "config/crd/bases/kubeckpt.io_checkpointpolicies.yaml"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.policy import parse_quantity
+from kubeckpt_api.policy import parse_quantity
 
 
 @pytest.mark.parametrize(
