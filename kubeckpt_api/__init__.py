@@ -7,6 +7,8 @@ package may import, never the reverse).
     jobkinds      the job kinds (declared in trainer_runtime.contract), which job a pod is of
     policy        a CheckpointPolicy as the webhook applies it: parsed, cached, per-job overrides
     policy_model  the CheckpointPolicy schema as pydantic models, and its one-line errors
+    status        TrainingProgress conditions, their vocabulary, and the one-word state
+    status_model  the status fields a progress record gives, fitted to the CRD's schema
 
 `__version__` is trainer_runtime's: the runtime image holds trainer_runtime alone (no installed
 distribution, so no metadata to read a version from) and must still know its version, so that

@@ -43,10 +43,10 @@ sys.path[:0] = [str(REPO), str(REPO / "hack")]
 
 from kubeckpt_api.groupversion import TRAINING_PROGRESS  # noqa: E402
 from localcluster import LocalCluster  # noqa: E402
+from progress_controller.decide import changed  # noqa: E402
+from progress_controller.schedule import PollSettings  # noqa: E402
 from reconciler import Client, Informer  # noqa: E402
 from reconciler.config import load_kubeconfig  # noqa: E402
-from reconciler.progress.schedule import PollSettings  # noqa: E402
-from reconciler.progress.status import changed  # noqa: E402
 from reconciler.resources import PODS, Resource  # noqa: E402
 from trainer_runtime.contract.progress import parse_rfc3339  # noqa: E402
 

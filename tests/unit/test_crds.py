@@ -787,7 +787,7 @@ def test_design_progress_file_fits_status(progress_root: dict[str, Any]) -> None
     assert set(PROGRESS_EXAMPLE) <= set(status_schema["properties"])
     # ...plus the runtime's keys beyond DESIGN.md's example: why the latest checkpoint exists,
     # the failure accounting and the local tier (trainer_runtime.contract.CheckpointingStatus).
-    from reconciler.progress.status_model import CheckpointingStatus
+    from kubeckpt_api.status_model import CheckpointingStatus
     from trainer_runtime.contract.progress import _CHECKPOINTING_KEYS
 
     schema_keys = set(status_schema["properties"]["checkpointing"]["properties"])
@@ -886,9 +886,9 @@ def test_kustomize_builds(overlay: str) -> None:
 
 
 def test_status_models_restate_the_schema(progress_root: dict[str, Any]) -> None:
-    """reconciler/progress/status_model.py fits a record to the status schema: its fields, types
+    """kubeckpt_api/status_model.py fits a record to the status schema: its fields, types
     and limits must be the schema's, or the API server rejects or prunes what it writes."""
-    from reconciler.progress.status_model import CheckpointingStatus, RecordStatus, fits
+    from kubeckpt_api.status_model import CheckpointingStatus, RecordStatus, fits
 
     status = progress_root["properties"]["status"]["properties"]
     for model, props in (

@@ -17,7 +17,7 @@ from kubeckpt_api.jobkinds import (
     job_identity,
     job_kind,
 )
-from reconciler.progress import discovery as d
+from progress_controller import discovery as d
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "config" / "rbac" / "reconciler_role.yaml"

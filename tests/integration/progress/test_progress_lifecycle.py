@@ -25,10 +25,10 @@ from progress_support import (
 )
 
 from localcluster import LocalCluster
+from progress_controller.controller import ProgressController
 from reconciler.client import Client
 from reconciler.leaderelection import LeaderElectionConfig
 from reconciler.manager import Manager
-from reconciler.progress.controller import ProgressController
 
 WITHIN = 6.0
 

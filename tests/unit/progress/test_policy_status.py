@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from kubeckpt_api.optin import select_policy
-from reconciler.progress.policy_status import policy_status
-from reconciler.progress.status import condition
+from kubeckpt_api.status import condition
+from progress_controller.policy_status import policy_status
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 OPTED_IN = {"metadata": {"name": "team", "labels": {"kubeckpt.io/inject": "enabled"}}}

@@ -1,9 +1,10 @@
-"""TrainingProgress status: built from a progress record, conditions, and the events a change
-means. Pure: everything is derived from the status already stored and the new observation, so a
-restarted controller makes the same decisions (and no duplicate events) as the one before it.
+"""The controller's decision: the TrainingProgress status to store and the events a change means,
+from the status already stored and one observation. Pure: a restarted controller makes the same
+decisions (and sends no duplicate events) as the one before it.
 
-The record's fields are fitted to the CRD's schema by status_model.py; every condition has a
-reason and a message.
+The conditions, their vocabulary and the state are the API's (kubeckpt_api.status); the record's
+fields are fitted to the CRD's schema by kubeckpt_api.status_model. Every condition has a reason
+and a message.
 """
 
 from __future__ import annotations
@@ -13,7 +14,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kubeckpt_api.groupversion import TRAINING_PROGRESS
+from kubeckpt_api.status import (
+    CHECKPOINTING,
+    COMPLETED,
+    INJECTED,
+    MAX_CONDITION_MESSAGE,
+    PROGRESSING,
+    STALLED,
+    condition,
+    set_condition,
+    state_of,
+)
+from kubeckpt_api.status_model import RECORD_KEYS, printable, record_fields
 from trainer_runtime.contract.progress import (
     LATEST_CHECKPOINT_REASON,
     REASON_JIT,
@@ -23,48 +35,10 @@ from trainer_runtime.contract.progress import (
     parse_rfc3339,
 )
 
-from .status_model import RECORD_KEYS, printable, record_fields
-
-API_VERSION = TRAINING_PROGRESS.api_version
-KIND = TRAINING_PROGRESS.kind
+# The field manager of everything the controller writes with server-side apply (the
+# TrainingProgress status, CheckpointPolicy status, a TrainJob's status.trainerStatus).
 FIELD_MANAGER = "kubeckpt"
-
-PROGRESSING, STALLED, CHECKPOINTING, COMPLETED = (
-    "Progressing",
-    "Stalled",
-    "Checkpointing",
-    "Completed",
-)
-INJECTED = "Injected"  # only once a pod of the job was created without injection
 NOT_INJECTED_PREFIX = "created without kubeckpt injection (was the webhook down?): "
-MAX_CONDITION_MESSAGE = 1024
-
-
-def condition(conds: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
-    return next((c for c in conds if c.get("type") == type_), None)
-
-
-def set_condition(
-    conds: list[dict[str, Any]], type_: str, status: str, reason: str, message: str, now: datetime
-) -> list[dict[str, Any]]:
-    """A new list with `type_` set; lastTransitionTime kept unless the status changed."""
-    message = printable(message)
-    if len(message) > MAX_CONDITION_MESSAGE:
-        message = message[: MAX_CONDITION_MESSAGE - 3] + "..."
-    old = condition(conds, type_)
-    when = (
-        old["lastTransitionTime"]
-        if old is not None and old.get("status") == status and old.get("lastTransitionTime")
-        else format_rfc3339(now)
-    )
-    new = {
-        "type": type_,
-        "status": status,
-        "lastTransitionTime": when,
-        "reason": reason,
-        "message": message,
-    }
-    return [c for c in conds if c.get("type") != type_] + [new]
 
 
 def changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
@@ -154,34 +128,6 @@ def _checkpoint_step(location: str) -> int | None:
     name = location.rstrip("/").rsplit("/", 1)[-1]
     prefix, _, number = name.rpartition("-")
     return int(number) if prefix == "checkpoint" and number.isdigit() else None
-
-
-# Reasons of Progressing=Unknown that only mean "nothing to read yet" while no step was ever read.
-_NOT_YET = frozenset({"NoRank0Pod", "ProgressFileMissing"})
-
-
-def state_of(status: dict[str, Any]) -> str:
-    """One word for `status.state` (the STATE column), from the conditions: what `kubectl get tp`
-    users scan for, so the outcome and Suspended/Stalled win over a plain Training."""
-    conds = status.get("conditions") or []
-    completed = condition(conds, COMPLETED) or {}
-    progressing = condition(conds, PROGRESSING) or {}
-    stalled = condition(conds, STALLED) or {}
-    if completed.get("status") == "True":
-        return "Succeeded"
-    if completed.get("status") == "False" and completed.get("reason") == "JobFailed":
-        return "Failed"
-    if progressing.get("status") == "False" and progressing.get("reason") == "Suspended":
-        return "Suspended"
-    if stalled.get("status") == "True":
-        return "Stalled"
-    if progressing.get("status") == "True":
-        return "Training"
-    if progressing.get("status") == "Unknown":
-        if progressing.get("reason") in _NOT_YET and status.get("step") is None:
-            return "Pending"
-        return "Unknown"
-    return "Pending"
 
 
 def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Decision:

@@ -18,6 +18,7 @@ from typing import Any
 from kubeckpt_api.groupversion import CHECKPOINT_POLICY
 from kubeckpt_api.optin import INJECT_LABEL, NAMESPACE_OPT_IN, policy_precedence_key
 from kubeckpt_api.policy import policy_from_object
+from kubeckpt_api.status import set_condition
 from reconciler.apply import apply_status, status_patch
 from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import Conflict, NotFound
@@ -25,9 +26,8 @@ from reconciler.informer import Informer
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of
 
-from .status import API_VERSION, FIELD_MANAGER, set_condition
+from .decide import FIELD_MANAGER
 
-KIND = CHECKPOINT_POLICY.kind
 READY = "Ready"
 
 
@@ -141,7 +141,9 @@ class PolicyStatusController:
         )
         if new == {k: prev.get(k) for k in new}:
             return None
-        body = status_patch(API_VERSION, KIND, req.name, req.namespace, new)
+        body = status_patch(
+            CHECKPOINT_POLICY.api_version, CHECKPOINT_POLICY.kind, req.name, req.namespace, new
+        )
         try:
             await apply_status(self.api, body, field_manager=FIELD_MANAGER, force=True)
         except NotFound:

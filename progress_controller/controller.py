@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -30,15 +31,15 @@ from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotFound
 from reconciler.exec import exec_command
 from reconciler.manager import Manager
-from reconciler.objects import KubeObject, name_of, namespace_of
+from reconciler.objects import KubeObject, name_of, namespace_of, object_key
 from reconciler.resources import NAMESPACES, PODS, Resource
 
 from . import discovery as d
+from .decide import FIELD_MANAGER, Decision, Observation, changed, decide
 from .lastcheckpoint import pod_patch, wanted
 from .metrics import ProgressCollector
 from .reading import ExecFn, ReadError, parse, read_file
 from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
-from .status import API_VERSION, FIELD_MANAGER, KIND, Decision, Observation, changed, decide
 from .trainjob import TRAINJOB_API_VERSION, TrainJobWatcher, trainer_status, trainer_status_server
 
 log = logging.getLogger("kubeckpt.progress")
@@ -168,7 +169,9 @@ class ProgressController:
         self._trainer_conflicts: set[str] = set()
         self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0, "annotation_writes": 0}
         self.manager = manager
-        manager.metrics.registry.register(ProgressCollector(self))
+        manager.metrics.registry.register(
+            ProgressCollector(self.job_statuses, self.stats, lambda: manager.is_leader)
+        )
 
     # --- helpers ---
     def _forget(self, key: str) -> None:
@@ -186,6 +189,16 @@ class ProgressController:
         if inf is not None and (job := inf.store.get(key)) is not None:
             return job, d.TRAINJOB
         return None, d.PYTORCHJOB
+
+    def job_statuses(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """(namespace, name, status) of each job's TrainingProgress, newest known, for the jobs
+        that still exist (what /metrics exports)."""
+        for tp in list(self.tps.store):
+            key = object_key(tp)
+            if self.job(key)[0] is None:
+                continue
+            tp = self.stored(key, tp)
+            yield namespace_of(tp), name_of(tp), tp.get("status") or {}
 
     def stored(self, key: str, tp: KubeObject) -> KubeObject:
         """The newer of the cached TrainingProgress and the one this controller last wrote (the
@@ -210,8 +223,8 @@ class ProgressController:
         md = job["metadata"]
         ref = {"apiVersion": job.get("apiVersion") or kind.api_version, "kind": kind.kind}
         body = {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
+            "apiVersion": TRAINING_PROGRESS.api_version,
+            "kind": TRAINING_PROGRESS.kind,
             "metadata": {
                 "name": md["name"],
                 "namespace": md["namespace"],
@@ -381,7 +394,13 @@ class ProgressController:
             self.stats["skipped_writes"] += 1
             return
         md = tp["metadata"]
-        body = status_patch(API_VERSION, KIND, md["name"], md["namespace"], dec.status)
+        body = status_patch(
+            TRAINING_PROGRESS.api_version,
+            TRAINING_PROGRESS.kind,
+            md["name"],
+            md["namespace"],
+            dec.status,
+        )
         try:
             written = await apply_status(self.tp_api, body, field_manager=FIELD_MANAGER, force=True)
         except NotFound:

@@ -3,7 +3,9 @@
 `JOB_GAUGES` names every per-job series the controller exports; the Grafana dashboard's queries
 are checked against it (tests/unit/test_dashboard.py), so a renamed metric fails a test instead
 of leaving an empty panel. `job_samples` is pure (a TrainingProgress status in, values out); the
-collector reads the controller's cache at scrape time, so a job's series go with the job.
+collector reads the controller's cache at scrape time, so a job's series go with the job. It is
+handed the functions it reads through (`ProgressCollector`), so it knows nothing of the
+controller that builds it.
 
 The labels are `namespace` and `job` (the training job's). Both collide with the target labels
 Prometheus adds itself, so the ServiceMonitor in config/prometheus sets `honorLabels: true`, as
@@ -13,20 +15,15 @@ kube-state-metrics' does for the same reason.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from reconciler.objects import name_of, namespace_of, object_key
+from kubeckpt_api.status import STALLED, condition
 from trainer_runtime.contract.env import parse_duration
 from trainer_runtime.contract.progress import parse_rfc3339
-
-from .status import STALLED, condition
-
-if TYPE_CHECKING:
-    from .controller import ProgressController
 
 LABELS = ("namespace", "job")
 
@@ -125,13 +122,23 @@ def job_samples(status: dict, now: float) -> dict[str, float]:
     return out
 
 
-class ProgressCollector(Collector):
-    """Reads the controller's cache at scrape time: only jobs that still exist have series, and
-    only the leader has them. A follower's cache holds the same statuses (the leader's writes);
-    exporting them too would double every job's series under the replicas' pod labels."""
+# (namespace, job, TrainingProgress status) of every job that still exists
+JobStatuses = Callable[[], Iterable[tuple[str, str, dict]]]
 
-    def __init__(self, ctrl: ProgressController) -> None:
-        self.ctrl = ctrl
+
+class ProgressCollector(Collector):
+    """Reads the controller's cache at scrape time (`statuses`): only jobs that still exist have
+    series, and only the leader (`leading`) has them. A follower's cache holds the same statuses
+    (the leader's writes); exporting them too would double every job's series under the
+    replicas' pod labels. `counters` are the controller's running totals (CONTROLLER_COUNTERS'
+    keys)."""
+
+    def __init__(
+        self, statuses: JobStatuses, counters: Mapping[str, int], leading: Callable[[], bool]
+    ) -> None:
+        self.statuses = statuses
+        self.counters = counters
+        self.leading = leading
 
     def collect(self) -> Iterator[Any]:
         fams = {
@@ -139,15 +146,9 @@ class ProgressCollector(Collector):
             for name, (help_, _) in JOB_GAUGES.items()
         }
         now = time.time()
-        leading = self.ctrl.manager.is_leader
-        for tp in list(self.ctrl.tps.store) if leading else ():
-            key = object_key(tp)
-            if self.ctrl.job(key)[0] is None:
-                continue
-            tp = self.ctrl.stored(key, tp)
-            lv = [namespace_of(tp), name_of(tp)]
-            for name, v in job_samples(tp.get("status") or {}, now).items():
-                fams[name].add_metric(lv, v)
+        for namespace, job, status in self.statuses() if self.leading() else ():
+            for name, v in job_samples(status, now).items():
+                fams[name].add_metric([namespace, job], v)
         yield from fams.values()
         for name, (key, help_) in CONTROLLER_COUNTERS.items():
-            yield CounterMetricFamily(name, help_, value=self.ctrl.stats[key])
+            yield CounterMetricFamily(name, help_, value=self.counters[key])
