@@ -8,6 +8,8 @@ store          SecretStore: the API operations the manager needs, as a protocol
 api_store      ClientSecretStore: that protocol on the reconciler library's client
 """
 
+from reconciler.pki import CertificateError, CertInfo, KeyPair
+
 from .api_store import ClientSecretStore
 from .manager import (
     CA_BUNDLE,
@@ -23,7 +25,6 @@ from .manager import (
     plan_secret,
 )
 from .mounted_files import FileCertSource
-from .pki import CertificateError, CertInfo, KeyPair
 from .serving_tls import ServingTLS
 from .store import Conflict, SecretStore, StoreError
 

@@ -65,8 +65,9 @@ from typing import Any
 
 from cryptography import x509
 
-from . import pki
-from .pki import CertificateError, CertInfo, KeyPair
+from reconciler import pki
+from reconciler.pki import CertificateError, CertInfo, KeyPair
+
 from .serving_tls import ServingTLS
 from .store import Conflict, SecretStore, StoreError
 

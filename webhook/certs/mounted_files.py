@@ -28,7 +28,8 @@ import logging
 import os
 from pathlib import Path
 
-from .pki import CertificateError
+from reconciler.pki import CertificateError
+
 from .serving_tls import ServingTLS
 
 log = logging.getLogger("kubeckpt.webhook.certs")

@@ -22,8 +22,7 @@ import ssl
 from collections.abc import Callable
 
 from reconciler.pem_files import pem_paths
-
-from .pki import CertificateError, CertInfo, check_pair, load_certs
+from reconciler.pki import CertificateError, CertInfo, check_pair, load_certs
 
 log = logging.getLogger("kubeckpt.webhook.certs")
 

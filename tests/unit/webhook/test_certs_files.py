@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from webhook.certs import pki
+from reconciler import pki
 from webhook.certs.mounted_files import FileCertSource
 from webhook.certs.serving_tls import ServingTLS
 

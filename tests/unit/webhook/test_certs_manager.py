@@ -13,6 +13,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from reconciler import pki
 from webhook.certs import (
     CA_BUNDLE,
     CertConfig,
@@ -20,7 +21,6 @@ from webhook.certs import (
     Conflict,
     StoreError,
     decode_secret_data,
-    pki,
 )
 
 NS, SECRET, MWC = "kubeckpt-system", "kubeckpt-webhook-certs", "kubeckpt-webhook"

@@ -8,6 +8,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store, VerificationError
 
+from reconciler import pki
 from webhook.certs import (
     CA_BUNDLE,
     CA_KEY,
@@ -15,7 +16,6 @@ from webhook.certs import (
     TLS_CERT,
     TLS_KEY,
     CertConfig,
-    pki,
     plan_secret,
 )
 

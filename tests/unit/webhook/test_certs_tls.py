@@ -11,7 +11,7 @@ import pytest
 from cryptography import x509
 
 from localcluster import pki as rsa_pki  # the control plane's helper makes RSA certificates too
-from webhook.certs import pki
+from reconciler import pki
 from webhook.certs.serving_tls import ServingTLS
 
 NOW = dt.datetime.now(dt.UTC)

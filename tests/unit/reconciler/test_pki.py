@@ -16,7 +16,7 @@ from cryptography.x509.verification import (
     VerificationError,
 )
 
-from webhook.certs import pki
+from reconciler import pki
 
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)

@@ -1,10 +1,18 @@
-"""X.509 for the webhook's self-managed certificates: a CA, serving certificates it signs, parsing.
+"""X.509, in one place: keys, CAs, the certificates they sign, self-signed ones, parsing and the
+checks certificate rotation needs (cryptography).
+
+`certificate` builds every certificate, whatever its shape (CA, serving, client, self-signed);
+`make_ca`, `issue_serving` and `self_signed` are the shapes the library's own servers use (the
+admission webhook's self-managed CA and serving certificates, /metrics' fallback certificate), and
+hack/localcluster builds its control plane's certificates with it too.
 
 Pure functions over PEM bytes and `cryptography` objects; no I/O and no clock of their own (every
-function that depends on time takes `now`), so the renewal rules are testable at any age.
+function that depends on time takes `now`; `self_signed` reads the clock when not given one), so
+the renewal rules are testable at any age.
 
-Keys are ECDSA P-256: generated in microseconds, accepted by the API server's Go TLS client and by
-every TLS 1.2+ client, and a signature is a fraction of an RSA one's cost on the admission path.
+Keys are ECDSA P-256 unless asked for RSA: generated in microseconds, accepted by the API server's
+Go TLS client and by every TLS 1.2+ client, and a signature is a fraction of an RSA one's cost on
+the admission path.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+# How far back a certificate's validity starts: clocks of its peers may lag ours a little.
+BACKDATE = dt.timedelta(minutes=5)
 
 
 class CertificateError(ValueError):
@@ -72,20 +82,32 @@ class CertInfo:
 # --- generation ---
 
 
-def new_key() -> ec.EllipticCurvePrivateKey:
+def new_key(*, rsa_bits: int | None = None) -> PrivateKey:
+    """An ECDSA P-256 key, or an RSA key of `rsa_bits` for a peer that needs RSA."""
+    if rsa_bits:
+        return rsa.generate_private_key(public_exponent=65537, key_size=rsa_bits)
     return ec.generate_private_key(ec.SECP256R1())
 
 
 def key_pem(key: PrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
+    """PKCS#8 PEM; an RSA key as PKCS#1 ("RSA PRIVATE KEY"), the form some Go parsers (the
+    training-operator's certificate rotator) accept alone."""
+    fmt = (
+        serialization.PrivateFormat.TraditionalOpenSSL
+        if isinstance(key, rsa.RSAPrivateKey)
+        else serialization.PrivateFormat.PKCS8
     )
+    return key.private_bytes(serialization.Encoding.PEM, fmt, serialization.NoEncryption())
 
 
 def cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def subject_name(common_name: str, organizations: Sequence[str] = ()) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attrs)
 
 
 def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
@@ -102,31 +124,93 @@ def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
     )
 
 
+def certificate(
+    subject: x509.Name,
+    *,
+    now: dt.datetime,
+    validity: dt.timedelta,
+    backdate: dt.timedelta = BACKDATE,
+    issuer: KeyPair | None = None,
+    ca: bool | None = None,
+    path_length: int | None = None,
+    key_usage: bool = False,
+    extended_usages: Sequence[x509.ObjectIdentifier] | None = None,
+    dns_names: Sequence[str] = (),
+    ip_addresses: Sequence[str] = (),
+    subject_key_id: bool = False,
+    rsa_bits: int | None = None,
+) -> KeyPair:
+    """A new key and a certificate for it, valid from `now - backdate` to `now + validity` but
+    never beyond its issuer; self-signed when `issuer` is None.
+
+    Extensions, each only when asked for: BasicConstraints (`ca` True or False, critical, with
+    `path_length`), KeyUsage (`key_usage`: digital signature, and certificate and CRL signing for
+    a CA; critical), ExtendedKeyUsage (`extended_usages`), SubjectAlternativeName (when there are
+    `dns_names` or `ip_addresses`), SubjectKeyIdentifier (`subject_key_id`), and the
+    AuthorityKeyIdentifier of the issuer's key whenever there is an issuer.
+    """
+    key = new_key(rsa_bits=rsa_bits)
+    not_before, not_after = now - backdate, now + validity
+    if issuer is None:
+        issuer_name, signing_key, issuer_cert = subject, key, None
+    else:
+        issuer_cert = x509.load_pem_x509_certificate(issuer.cert_pem)
+        issuer_name, signing_key = issuer_cert.subject, load_private_key(issuer.key_pem)
+        not_before = max(not_before, issuer_cert.not_valid_before_utc)
+        not_after = min(not_after, issuer_cert.not_valid_after_utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+    )
+    if ca is not None:
+        builder = builder.add_extension(
+            x509.BasicConstraints(ca=ca, path_length=path_length if ca else None), critical=True
+        )
+    if key_usage:
+        builder = builder.add_extension(_key_usage(cert_sign=bool(ca)), critical=True)
+    if extended_usages is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(extended_usages), critical=False)
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    if issuer_cert is not None:
+        builder = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_cert.public_key()),
+            critical=False,
+        )
+    if subject_key_id:
+        builder = builder.add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
+        )
+    return KeyPair(cert_pem(builder.sign(signing_key, hashes.SHA256())), key_pem(key))
+
+
 def make_ca(
     common_name: str, *, now: dt.datetime, validity: dt.timedelta, backdate: dt.timedelta
 ) -> KeyPair:
-    """A self-signed CA valid from `now - backdate` to `now + validity`.
+    """A self-signed CA valid from `now - backdate` to `now + validity`, signing leaves only
+    (path length 0).
 
     The subject carries the issue time and a random tag (`<cn>@<unix seconds>-<hex>`, after
     client-go's self-signed CAs), so the old and the new CA of a rotation never share a name.
     """
-    key = new_key()
     cn = f"{common_name}@{int(now.timestamp())}-{os.urandom(3).hex()}"
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - backdate)
-        .not_valid_after(now + validity)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(cert_sign=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
+    return certificate(
+        subject_name(cn),
+        now=now,
+        validity=validity,
+        backdate=backdate,
+        ca=True,
+        path_length=0,
+        key_usage=True,
+        subject_key_id=True,
     )
-    return KeyPair(cert_pem(cert), key_pem(key))
 
 
 def issue_serving(
@@ -144,33 +228,47 @@ def issue_serving(
     """
     if not dns_names and not ip_addresses:
         raise ValueError("a serving certificate needs at least one DNS name or IP address")
-    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
-    ca_key = load_private_key(ca.key_pem)
-    key = new_key()
-    not_after = min(now + validity, ca_cert.not_valid_after_utc)
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
-    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     cn = dns_names[0] if dns_names else ip_addresses[0]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn[:64])]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(max(now - backdate, ca_cert.not_valid_before_utc))
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(_key_usage(cert_sign=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
-            critical=False,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
+    return certificate(
+        subject_name(cn[:64]),
+        now=now,
+        validity=validity,
+        backdate=backdate,
+        issuer=ca,
+        ca=False,
+        key_usage=True,
+        extended_usages=[ExtendedKeyUsageOID.SERVER_AUTH],
+        dns_names=dns_names,
+        ip_addresses=ip_addresses,
+        subject_key_id=True,
     )
-    return KeyPair(cert_pem(cert), key_pem(key))
+
+
+def self_signed(
+    hosts: Sequence[str],
+    *,
+    now: dt.datetime | None = None,
+    validity: dt.timedelta = dt.timedelta(days=365),
+) -> tuple[bytes, bytes]:
+    """A self-signed certificate for `hosts` (DNS names or IPs) and its key, PEM: what a server
+    serves when it was given no certificate (controller-runtime's /metrics does the same)."""
+    dns: list[str] = []
+    ips: list[str] = []
+    for h in hosts:
+        try:
+            ipaddress.ip_address(h)
+        except ValueError:
+            dns.append(h)
+        else:
+            ips.append(h)
+    pair = certificate(
+        subject_name(hosts[0]),
+        now=now or dt.datetime.now(dt.UTC),
+        validity=validity,
+        dns_names=dns,
+        ip_addresses=ips,
+    )
+    return pair.cert_pem, pair.key_pem
 
 
 # --- parsing and checks ---
