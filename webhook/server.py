@@ -19,9 +19,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kubeckpt_api.jobkinds import job_identity
 from kubeckpt_api.optin import select_policy
+from reconciler.admission.review import BadReview, is_pod_create, parse_review, review_response
 from reconciler.metrics_auth import MetricsAuth
 
-from .admission import BadReview, is_pod_create, parse_review, review_response
 from .mutation import DEFAULT_RUNTIME_IMAGE, MutationResult, mutate
 from .view import ClusterView
 

@@ -53,8 +53,8 @@ import aiohttp
 from aiohttp import web
 
 from kubeckpt_api.groupversion import API_VERSION, CHECKPOINT_POLICY, TRAINING_PROGRESS
+from reconciler.admission.serving_tls import ServingTLS
 from reconciler.pki import issue_serving, make_ca
-from webhook.certs.serving_tls import ServingTLS
 from webhook.server import MAX_BODY_BYTES, Metrics, make_app, serve
 from webhook.view import StaticView
 

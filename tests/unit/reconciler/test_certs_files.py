@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 from reconciler import pki
-from webhook.certs.mounted_files import FileCertSource
-from webhook.certs.serving_tls import ServingTLS
+from reconciler.admission.mounted_files import FileCertSource
+from reconciler.admission.serving_tls import ServingTLS
 
 NOW = dt.datetime.now(dt.UTC)
 

@@ -22,10 +22,10 @@ from aiohttp import web
 from localcluster import LocalCluster
 from localcluster.cluster import free_port
 from reconciler import pki
+from reconciler.admission import CA_BUNDLE, CertConfig, CertManager, Conflict, decode_secret_data
+from reconciler.admission.api_store import ClientSecretStore
 from reconciler.client import Client
 from reconciler.errors import ApiError
-from webhook.certs import CA_BUNDLE, CertConfig, CertManager, Conflict, decode_secret_data
-from webhook.certs.api_store import ClientSecretStore
 
 SECRET = "kubeckpt-webhook-certs"
 LABEL = "kubeckpt.io/certs-test"

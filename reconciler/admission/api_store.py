@@ -7,14 +7,12 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from reconciler.client import Client
-from reconciler.errors import ApiError, KubeError, NotFound
-from reconciler.errors import Conflict as ApiConflict
-
-from .store import Conflict, StoreError
+from ..client import Client
+from ..errors import ApiError, KubeError, NotFound
+from ..errors import Conflict as ApiConflict
+from .secret_store import Conflict, StoreError
 
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-FIELD_MANAGER = "kubeckpt-webhook"
 
 
 def _secret_path(namespace: str, name: str = "") -> str:
@@ -38,8 +36,11 @@ def patch_test_holds(obj: Any, op: dict[str, Any]) -> bool:
 
 
 class ClientSecretStore:
-    def __init__(self, client: Client) -> None:
+    """`field_manager` names the writer in the objects' managedFields (the webhook's own name)."""
+
+    def __init__(self, client: Client, *, field_manager: str = "webhook-certs") -> None:
         self.client = client
+        self.field_manager = field_manager
 
     async def _call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
         try:
@@ -47,7 +48,7 @@ class ClientSecretStore:
                 method,
                 path,
                 json_body=body,
-                params={"fieldManager": FIELD_MANAGER} if method != "GET" else None,
+                params={"fieldManager": self.field_manager} if method != "GET" else None,
                 **kw,
             )
         except ApiConflict as e:

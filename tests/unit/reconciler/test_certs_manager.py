@@ -14,7 +14,7 @@ import jsonpatch
 import pytest
 
 from reconciler import pki
-from webhook.certs import (
+from reconciler.admission import (
     CA_BUNDLE,
     CertConfig,
     CertManager,

@@ -1,4 +1,6 @@
-"""Certificates for the webhook's TLS server.
+"""Certificates for an admission webhook's TLS server (what open-policy-agent's cert-controller
+rotator does for Go operators; nothing here is particular to one webhook: its names come in
+`CertConfig`).
 
 Two modes, one server-facing object (`ServingTLS`: a hot-reloaded `ssl.SSLContext`, readiness, and
 change notification):
@@ -6,7 +8,7 @@ change notification):
 - self-managed (default), `CertManager`: the webhook keeps a CA and a serving certificate in a
   Secret, writes the CA bundle into the MutatingWebhookConfiguration's caBundle, and renews before
   expiry. Several replicas share the Secret.
-- cert-manager, `FileCertSource` (webhook.certs.mounted_files): serve the mounted `tls.crt` and
+- cert-manager, `FileCertSource` (mounted_files): serve the mounted `tls.crt` and
   `tls.key` and reload them when the kubelet swaps the volume.
 
 The Secret (type kubernetes.io/tls) holds:
@@ -65,15 +67,14 @@ from typing import Any
 
 from cryptography import x509
 
-from reconciler import pki
-from reconciler.pki import CertificateError, CertInfo, KeyPair
-
+from .. import pki
+from ..pki import CertificateError, CertInfo, KeyPair
+from .secret_store import Conflict, SecretStore, StoreError
 from .serving_tls import ServingTLS
-from .store import Conflict, SecretStore, StoreError
 
 __all__ = ["CertConfig", "CertManager", "Plan", "ReconcileResult", "plan_secret"]
 
-log = logging.getLogger("kubeckpt.webhook.certs")
+log = logging.getLogger(__name__)
 
 TLS_CERT = "tls.crt"
 TLS_KEY = "tls.key"
@@ -81,7 +82,6 @@ CA_BUNDLE = "ca.crt"
 CA_KEY = "ca.key"
 CA_NEXT_KEY = "ca-next.key"
 MANAGED_KEYS = (TLS_CERT, TLS_KEY, CA_BUNDLE, CA_KEY, CA_NEXT_KEY)
-SECRET_LABELS = {"app.kubernetes.io/name": "kubeckpt", "app.kubernetes.io/component": "webhook"}
 
 
 def utcnow() -> dt.datetime:
@@ -101,7 +101,7 @@ class CertConfig:
 
     service: str
     namespace: str
-    secret_name: str = "kubeckpt-webhook-certs"
+    secret_name: str = "webhook-server-cert"
     webhook_config_name: str | None = None
     extra_dns_names: tuple[str, ...] = ()
     extra_ip_addresses: tuple[str, ...] = ()
@@ -112,7 +112,9 @@ class CertConfig:
     ca_publish_grace: dt.timedelta = dt.timedelta(seconds=30)
     backdate: dt.timedelta = dt.timedelta(minutes=5)
     resync_interval: float = 30.0
-    ca_name: str = "kubeckpt-webhook-ca"
+    ca_name: str = "webhook-ca"
+    # Labels of the Secret when this replica creates it (an existing Secret's are left alone).
+    secret_labels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("renew_fraction", "ca_renew_fraction"):
@@ -473,7 +475,7 @@ class CertManager:
                 "metadata": {
                     "name": cfg.secret_name,
                     "namespace": cfg.namespace,
-                    "labels": dict(SECRET_LABELS),
+                    "labels": dict(cfg.secret_labels),
                 },
                 "type": "kubernetes.io/tls",
                 "data": _encode(data),

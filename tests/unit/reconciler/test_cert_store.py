@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from webhook.certs.api_store import patch_test_holds as holds
+from reconciler.admission.api_store import patch_test_holds as holds
 
 
 def test_json_patch_test_evaluation_follows_rfc6901_escapes() -> None:

@@ -28,11 +28,10 @@ import logging
 import os
 from pathlib import Path
 
-from reconciler.pki import CertificateError
-
+from ..pki import CertificateError
 from .serving_tls import ServingTLS
 
-log = logging.getLogger("kubeckpt.webhook.certs")
+log = logging.getLogger(__name__)
 
 
 class FileCertSource:

@@ -12,7 +12,7 @@ from cryptography import x509
 
 from localcluster import pki as rsa_pki  # the control plane's helper makes RSA certificates too
 from reconciler import pki
-from webhook.certs.serving_tls import ServingTLS
+from reconciler.admission.serving_tls import ServingTLS
 
 NOW = dt.datetime.now(dt.UTC)
 NAMES = ("svc.ns.svc",)

@@ -1,7 +1,6 @@
 """The few API-server operations certificate management needs, as a protocol.
 
-`webhook.certs.api_store.ClientSecretStore` implements it on the reconciler library's client. Tests
-use an in-memory fake.
+`api_store.ClientSecretStore` implements it on the library's client. Tests use an in-memory fake.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""AdmissionReview v1 in and out: strict parsing with messages that name the problem."""
+"""AdmissionReview v1 in and out: strict parsing with messages that name the problem, and the
+allowing response with its JSON patch (what controller-runtime's webhook/admission decodes and
+encodes)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A server-side `ssl.SSLContext` whose certificate is replaced in place while the server runs.
 
 The server is built once with `ServingTLS.context`; every certificate source (the self-managed
-`CertManager`, the cert-manager `FileCertSource`) calls `load()` on the same `ServingTLS`.
+`CertManager`, the mounted-files `FileCertSource`) calls `load()` on the same `ServingTLS`.
 
 How the swap works: each load builds a fresh inner context holding only the new certificate, and
 the exposed context's SNI callback points every new handshake at the newest inner context (the
@@ -21,10 +21,10 @@ import logging
 import ssl
 from collections.abc import Callable
 
-from reconciler.pem_files import pem_paths
-from reconciler.pki import CertificateError, CertInfo, check_pair, load_certs
+from ..pem_files import pem_paths
+from ..pki import CertificateError, CertInfo, check_pair, load_certs
 
-log = logging.getLogger("kubeckpt.webhook.certs")
+log = logging.getLogger(__name__)
 
 MIN_TLS = ssl.TLSVersion.TLSv1_2
 
@@ -39,7 +39,7 @@ def _server_context() -> ssl.SSLContext:
 
 
 class ServingTLS:
-    """The webhook server's TLS context, hot-reloadable, plus readiness and change notification.
+    """A webhook server's TLS context, hot-reloadable, plus readiness and change notification.
 
     - `context`: pass it to aiohttp (`web.TCPSite(..., ssl_context=tls.context)`); TLS 1.2 minimum.
     - `has_certificate()` / `ready`: a certificate is loaded (use it in /readyz).

@@ -9,7 +9,7 @@ from cryptography import x509
 from cryptography.x509.verification import DNSName, PolicyBuilder, Store, VerificationError
 
 from reconciler import pki
-from webhook.certs import (
+from reconciler.admission import (
     CA_BUNDLE,
     CA_KEY,
     CA_NEXT_KEY,
