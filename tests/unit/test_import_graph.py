@@ -1,6 +1,8 @@
-"""No import cycles among the cluster-side packages (the library, the API package, the webhook,
-the progress controller, the CLI), counting every import: module-level, inside functions and
-under TYPE_CHECKING. A cycle means two modules that cannot be understood (or tested) apart."""
+"""Which way imports point, counting every import (module-level, inside functions, under
+TYPE_CHECKING): no cycles among the cluster-side packages (the library, the API package, the
+webhook, the progress controller, the CLI), since a cycle means two modules that cannot be
+understood or tested apart; and the pod's runtime imports none of them (the runtime image holds
+trainer_runtime alone). tests/unit/reconciler/test_library_boundary.py checks the library."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("reconciler", "kubeckpt_api", "webhook", "progress_controller", "kubeckpt_cli")
+RUNTIME = "trainer_runtime"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -110,3 +113,14 @@ def test_no_import_cycles_in_the_cluster_side_packages() -> None:
     graph = import_graph(REPO, PACKAGES)
     assert len(graph) > 50  # every package was found
     assert cycles(graph) == []
+
+
+def test_the_runtime_imports_nothing_of_the_cluster_side() -> None:
+    graph = import_graph(REPO, (*PACKAGES, RUNTIME))
+    runtime = {name: deps for name, deps in graph.items() if name.split(".")[0] == RUNTIME}
+    assert len(runtime) > 20  # the package was found
+    crossing = {
+        name: sorted(dep for dep in deps if dep.split(".")[0] != RUNTIME)
+        for name, deps in runtime.items()
+    }
+    assert {name: deps for name, deps in crossing.items() if deps} == {}
