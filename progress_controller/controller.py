@@ -3,7 +3,7 @@
 One reconcile per job (key namespace/name, the job's and the TrainingProgress's): make sure the
 TrainingProgress exists (owned by the job), find the rank-0 pod, read its progress (exec while the
 container runs, the termination message once it has terminated), decide the new status from the
-stored one (`status.decide`), apply it to /status only when something changed, then send the
+stored one (`decide`), apply it to /status only when something changed, then send the
 events the change means, and put the latest complete checkpoint on every pod of the job
 (`lastcheckpoint`: annotations for checkpoint-aware preemption). Decisions are read from the
 informers' caches; the only API calls are the exec, the TrainingProgress create, the status apply,
