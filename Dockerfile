@@ -10,6 +10,8 @@ FROM ${BASE} AS build
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 WORKDIR /src
 COPY pyproject.toml ./
+COPY kubeckpt_api ./kubeckpt_api
+COPY progress_controller ./progress_controller
 COPY reconciler ./reconciler
 COPY webhook ./webhook
 COPY trainer_runtime ./trainer_runtime

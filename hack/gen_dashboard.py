@@ -2,7 +2,7 @@
 of training jobs, from the panel list below.
 
 Generated rather than hand-edited so that each query names metrics as the code declares them
-(reconciler/progress/metrics.py); tests/unit/test_dashboard.py fails when the file is stale or a
+(progress_controller/metrics.py); tests/unit/test_dashboard.py fails when the file is stale or a
 query names a metric the reconciler does not export. Run after editing a panel:
     python hack/gen_dashboard.py
 """

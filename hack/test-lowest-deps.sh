@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The controller and CLI extras at the oldest versions pyproject.toml allows: installs them with
 # uv's `--resolution lowest-direct` into .venv-lowest (the test tools at their newest) and runs the
-# unit tests of what those extras serve (webhook, reconciler, progress controller, CLI, contract).
+# unit tests of what those extras serve (API package, webhook, reconciler, progress controller, CLI,
+# contract).
 # A lower bound that is too low fails here, not on a user's machine. `make test` runs it.
 # (The runtime extras' bounds are the versions the main suite ran with; see pyproject.toml.)
 set -euo pipefail
@@ -28,6 +29,6 @@ echo "lowest versions: $versions"
 # No torch, numpy or xxhash here: test_contract_manifest.py (xxh3 checksums) belongs to the
 # runtime's extras and stays in the main suite.
 PYTHONPATH="$PWD/hack" "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not cluster" \
-  tests/unit/webhook tests/unit/reconciler tests/unit/progress tests/unit/cli \
+  tests/unit/api tests/unit/webhook tests/unit/reconciler tests/unit/progress tests/unit/cli \
   tests/unit/test_crds.py tests/unit/test_dashboard.py tests/unit/test_jobkinds.py \
   tests/unit/test_contract_env.py tests/unit/test_contract_progress.py "$@"

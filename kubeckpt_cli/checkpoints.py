@@ -14,11 +14,11 @@ import json
 import sys
 from typing import Any, TextIO
 
+from kubeckpt_api import __version__
+from kubeckpt_api.jobkinds import job_kind
+from kubeckpt_api.optin import STATUS_ANNOTATION
 from reconciler.errors import NotFound
 from reconciler.exec import ExecError, ExecResult, ExecTimeout, exec_command, executable_not_found
-from trainer_runtime import __version__
-from trainer_runtime.contract.jobkinds import job_kind
-from trainer_runtime.contract.optin import STATUS_ANNOTATION
 
 from .cluster import Cluster
 from .errors import EXIT_NOT_FOUND, CliError

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubeckpt_api.groupversion import TRAINING_PROGRESS
+from kubeckpt_api.jobkinds import job_identity, job_kind
 from reconciler.client import Client
 from reconciler.errors import NotFound, ResourceNotFound
 from reconciler.resources import EVENTS, PODS, Resource
-from trainer_runtime.contract.jobkinds import job_identity, job_kind
 
 from .connection import Target
 from .errors import EXIT_NOT_FOUND, CliError, api_call
 
-TP_API_VERSION = "kubeckpt.io/v1alpha1"
-TP_RESOURCE = "trainingprogresses.kubeckpt.io"
+TP_API_VERSION = TRAINING_PROGRESS.api_version
+TP_RESOURCE = TRAINING_PROGRESS.crd_name
 
 
 class Cluster:
@@ -33,7 +34,7 @@ class Cluster:
         if self._tp is None:
             # A miss (ResourceNotFound) becomes CRD_HINT in `translate`.
             with self.call("discover", TP_API_VERSION, namespace):
-                self._tp = await self.client.resource(TP_API_VERSION, "trainingprogresses")
+                self._tp = await self.client.resource(TP_API_VERSION, TRAINING_PROGRESS.plural)
         return self._tp
 
     async def get_progress(self, name: str, namespace: str) -> dict[str, Any]:
@@ -110,7 +111,7 @@ class Cluster:
         ns = tp["metadata"]["namespace"]
         ref = (tp.get("spec") or {}).get("jobRef") or {}
         names = {str(ref.get("name") or tp["metadata"]["name"]), tp["metadata"]["name"]}
-        kinds = {str(ref.get("kind", "")), "TrainingProgress"}
+        kinds = {str(ref.get("kind", "")), TRAINING_PROGRESS.kind}
         found: list[dict[str, Any]] = []
         for name in sorted(names):
             with self.call("list", "events", ns):

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubeckpt_api import __version__
 from reconciler.client import Client
 from reconciler.config import (
     SERVICE_ACCOUNT_DIR,
@@ -19,7 +20,6 @@ from reconciler.config import (
     load_incluster,
     load_kubeconfig,
 )
-from trainer_runtime import __version__
 
 from .errors import CliError
 

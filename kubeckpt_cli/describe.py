@@ -14,16 +14,15 @@ import sys
 from datetime import datetime
 from typing import Any, TextIO
 
+from kubeckpt_api.jobkinds import job_kind
+from kubeckpt_api.optin import ANNOTATION_PREFIX, INJECTED_LABEL, STATUS_ANNOTATION
 from trainer_runtime.contract.env import ALL_ENV_VARS
-from trainer_runtime.contract.jobkinds import job_kind
-from trainer_runtime.contract.optin import INJECTED_LABEL, STATUS_ANNOTATION
 
 from .checkpoints import container_of
 from .cluster import Cluster
 from .output import dump, table
 from .view import JobView, age, clean, job_view, now_utc, parse_time
 
-ANNOTATION_PREFIX = "kubeckpt.io/"
 EXTRA_ENV = ("PYTHONPATH", "KUBECKPT_USER_PYTHONPATH", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 EXTRA_ENV_PREFIXES = ("AWS_",)
 

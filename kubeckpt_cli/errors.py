@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from kubeckpt_api.groupversion import API_VERSION
 from reconciler.errors import (
     ApiError,
     Forbidden,
@@ -36,7 +37,7 @@ EXIT_CODES_HELP = f"""exit codes:
 """
 
 CRD_HINT = (
-    "kubeckpt's CRDs are not installed in this cluster (no API kubeckpt.io/v1alpha1): "
+    f"kubeckpt's CRDs are not installed in this cluster (no API {API_VERSION}): "
     "an admin installs them with `kubectl apply -k config/default`"
 )
 

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from trainer_runtime import __version__
+from kubeckpt_api import __version__
 
 from .errors import (
     EXIT_CODES_HELP,

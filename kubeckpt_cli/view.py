@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from reconciler.progress.status import state_of
+from kubeckpt_api.status import STATES, state_of
 from trainer_runtime.contract.progress import parse_rfc3339
-
-STATES = ("Pending", "Training", "Stalled", "Suspended", "Succeeded", "Failed", "Unknown")
 
 
 def clean(text: object, limit: int = 200) -> str:

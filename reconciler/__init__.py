@@ -11,8 +11,11 @@
     events     EventRecorder (aggregated, rate-limited, non-blocking)
     apply      server-side apply of objects and /status, and when to force
     exec       exec_command over the pods/exec websocket (v5, v4)
+    admission  serving an admission webhook: AdmissionReview codec, reloaded TLS, certificates
+    pki        X.509: CAs, serving and self-signed certificates, parsing, renewal checks
 
-The progress controller built on it lives beside it (issue 7).
+kubeckpt's progress controller is built on it and lives beside it (progress_controller/); nothing
+here imports kubeckpt's packages (tests/unit/reconciler/test_library_boundary.py).
 """
 
 from .apply import apply, apply_status, status_patch

@@ -13,9 +13,7 @@ built-in `system:auth-delegator` ClusterRole grants exactly that).
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
-import ipaddress
 import ssl
 import time
 from collections import OrderedDict
@@ -126,45 +124,10 @@ def server_tls(cert_dir: str | None, hosts: Sequence[str] = ("localhost",)) -> s
     if cert_dir:
         ctx.load_cert_chain(Path(cert_dir, "tls.crt"), Path(cert_dir, "tls.key"))
         return ctx
+    from .pki import self_signed  # cryptography is imported only when a certificate is made
+
     cert, key = self_signed(hosts)
     # Not a temporary directory: the container's root filesystem is read-only, with no /tmp.
     with pem_paths(cert, key) as (cert_path, key_path):
         ctx.load_cert_chain(cert_path, key_path)
     return ctx
-
-
-def self_signed(hosts: Sequence[str]) -> tuple[bytes, bytes]:
-    """A self-signed certificate for `hosts` (DNS names or IPs) and its key, PEM."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
-    sans: list[x509.GeneralName] = []
-    for h in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            sans.append(x509.DNSName(h))
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return (
-        cert.public_bytes(serialization.Encoding.PEM),
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-    )

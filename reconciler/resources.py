@@ -6,13 +6,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from .errors import Gone, api_error
 from .objects import KubeObject, name_of, namespace_of
-
-if TYPE_CHECKING:
-    from .client import Client
 
 PatchType = Literal["merge", "json", "strategic", "apply"]
 PATCH_CONTENT_TYPES: dict[str, str] = {
@@ -84,11 +81,33 @@ def _selectors(label_selector: str | None, field_selector: str | None) -> Params
     return params
 
 
+class Transport(Protocol):
+    """What a ResourceClient needs of the API client (`client.Client` is one): requests that
+    return parsed JSON and raise the typed errors, and a watch's stream of lines. A protocol, so
+    that this module does not import the client that builds ResourceClients."""
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        json_body: Any = None,
+        data: bytes | None = None,
+        content_type: str | None = None,
+        request_timeout: float | None = None,
+    ) -> Any: ...
+
+    def stream_lines(
+        self, path: str, *, params: Params | None = None, read_timeout: float = 300.0
+    ) -> AsyncIterator[bytes]: ...
+
+
 class ResourceClient:
     """Verbs on one resource. `namespace` defaults to the object's own for writes; for a
     namespaced resource, list and watch with namespace None span all namespaces."""
 
-    def __init__(self, client: Client, resource: Resource) -> None:
+    def __init__(self, client: Transport, resource: Resource) -> None:
         self.client = client
         self.resource = resource
 

@@ -11,10 +11,9 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from kubeckpt_api.groupversion import API_VERSION, CHECKPOINT_POLICY, TRAINING_PROGRESS
 from reconciler.client import Client
 from reconciler.informer import Informer
-
-GROUP_VERSION = "kubeckpt.io/v1alpha1"
 
 
 class InformerView:
@@ -26,8 +25,8 @@ class InformerView:
     async def start(self) -> None:
         specs = {
             "namespaces": ("v1", "namespaces"),
-            "policies": (GROUP_VERSION, "checkpointpolicies"),
-            "progress": (GROUP_VERSION, "trainingprogresses"),
+            "policies": (API_VERSION, CHECKPOINT_POLICY.plural),
+            "progress": (API_VERSION, TRAINING_PROGRESS.plural),
         }
         for key, (api_version, plural) in specs.items():
             api = await self._client.api_for(api_version, plural)

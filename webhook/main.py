@@ -22,10 +22,11 @@ import signal
 import sys
 from pathlib import Path
 
+from reconciler.admission import CertManager, ClientSecretStore, FileCertSource, ServingTLS
 from reconciler.client import Client
 from reconciler.metrics_auth import MetricsAuth
 
-from .certs import CertConfig, CertManager, ClientSecretStore, FileCertSource, ServingTLS
+from .certs import FIELD_MANAGER, SECRET_NAME, WEBHOOK_CONFIGURATION, cert_config
 from .informer_view import InformerView
 from .mutation import DEFAULT_RUNTIME_IMAGE
 from .server import Metrics, make_app, serve
@@ -60,10 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--service", default="kubeckpt-webhook", help="the webhook's Service name")
     ap.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "kubeckpt-system"))
-    ap.add_argument("--secret", default="kubeckpt-webhook-certs", help="certificate Secret")
+    ap.add_argument("--secret", default=SECRET_NAME, help="certificate Secret")
     ap.add_argument(
         "--webhook-config",
-        default="kubeckpt-webhook",
+        default=WEBHOOK_CONFIGURATION,
         help="MutatingWebhookConfiguration whose caBundle we keep (self mode)",
     )
     ap.add_argument("--extra-dns", action="append", default=[], help="extra certificate DNS SAN")
@@ -93,8 +94,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     try:
         if args.cert_mode == "self":
             certs = CertManager(
-                ClientSecretStore(client),
-                CertConfig(
+                ClientSecretStore(client, field_manager=FIELD_MANAGER),
+                cert_config(
                     service=args.service,
                     namespace=args.namespace,
                     secret_name=args.secret,

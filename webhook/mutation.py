@@ -17,7 +17,14 @@ from typing import Any
 
 import jsonpatch
 
-from trainer_runtime import __version__
+from kubeckpt_api import __version__
+from kubeckpt_api.jobkinds import job_identity
+from kubeckpt_api.optin import (
+    INJECTED_LABEL,
+    STATUS_ANNOTATION,
+    opted_in,
+)
+from kubeckpt_api.policy import MIN_GRACE_SECONDS, Policy, apply_overrides, policy_from_object
 from trainer_runtime.contract import (
     CHECKPOINT_CONTROL_DIR,
     CHECKPOINT_ENABLED,
@@ -41,21 +48,7 @@ from trainer_runtime.contract import (
     TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
     TRAINING_PROGRESS_FILE,
 )
-from trainer_runtime.contract.jobkinds import job_identity
-from trainer_runtime.contract.optin import (
-    INJECTED_LABEL,
-    STATUS_ANNOTATION,
-    opted_in,
-)
 from trainer_runtime.zerocode import pythonpath_entries
-
-from .policy import (
-    MIN_GRACE_SECONDS,
-    Policy,
-    apply_overrides,
-    local_size_limit,
-    policy_from_object,
-)
 
 RUN_VOLUME = "kubeckpt-run"
 STORAGE_VOLUME = "kubeckpt-storage"
@@ -83,6 +76,7 @@ USER_PYTHONPATH = "KUBECKPT_USER_PYTHONPATH"  # the user's valueFrom PYTHONPATH,
 RUNTIME_UID = 65532  # the image's non-root user
 # The operator-set env that says how many nodes (pods) a job spans, for the local tier's size.
 NODE_COUNT_ENV = ("PET_NNODES", "JAX_NUM_PROCESSES", "KUBECKPT_NODES")
+DEFAULT_LOCAL_SIZE = "8Gi"
 # Grace: one step plus one save, with 50 % and 10 s of headroom for the preStop round trip.
 GRACE_FACTOR = 1.5
 GRACE_HEADROOM_SECONDS = 10
@@ -107,6 +101,17 @@ def grace_seconds(policy: Policy, progress: Mapping[str, Any] | None) -> int:
         return policy.max_grace_seconds
     need = math.ceil((save + (step or 0.0)) * GRACE_FACTOR + GRACE_HEADROOM_SECONDS)
     return max(MIN_GRACE_SECONDS, min(need, policy.max_grace_seconds))
+
+
+def local_size_limit(policy: Policy, nodes: int) -> str:
+    """DESIGN.md: sizeLimit, else 2 x (params x 12 B / nodes) x 1.15, else the default."""
+    if policy.local_size_limit:
+        return policy.local_size_limit
+    if policy.local_model_parameters:
+        per_node = policy.local_model_parameters * 12 / max(nodes, 1)
+        mib = math.ceil(2 * per_node * 1.15 / 2**20)
+        return f"{max(mib, 1)}Mi"
+    return DEFAULT_LOCAL_SIZE
 
 
 def shutdown_margin(grace: int) -> int:

@@ -17,11 +17,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from kubeckpt_api.jobkinds import job_identity
+from kubeckpt_api.optin import select_policy
+from reconciler.admission.review import BadReview, is_pod_create, parse_review, review_response
 from reconciler.metrics_auth import MetricsAuth
-from trainer_runtime.contract.jobkinds import job_identity
-from trainer_runtime.contract.optin import select_policy
 
-from .admission import BadReview, is_pod_create, parse_review, review_response
 from .mutation import DEFAULT_RUNTIME_IMAGE, MutationResult, mutate
 from .view import ClusterView
 

@@ -41,18 +41,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "hack")]
 
+from kubeckpt_api.groupversion import TRAINING_PROGRESS  # noqa: E402
 from localcluster import LocalCluster  # noqa: E402
+from progress_controller.decide import changed  # noqa: E402
+from progress_controller.schedule import PollSettings  # noqa: E402
 from reconciler import Client, Informer  # noqa: E402
 from reconciler.config import load_kubeconfig  # noqa: E402
-from reconciler.progress.schedule import PollSettings  # noqa: E402
-from reconciler.progress.status import changed  # noqa: E402
 from reconciler.resources import PODS, Resource  # noqa: E402
 from trainer_runtime.contract.progress import parse_rfc3339  # noqa: E402
 
 NS = "bench"
 EXECS = Resource("kwok.x-k8s.io", "v1alpha1", "execs", "Exec")
 JOBS = Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
-TPS = Resource("kubeckpt.io", "v1alpha1", "trainingprogresses", "TrainingProgress")
+TPS = TRAINING_PROGRESS.resource
 FREQUENCY = 5  # PROGRESS_UPDATE_FREQUENCY in the pods: the file is written every 5 steps
 
 

@@ -52,8 +52,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from webhook.certs.pki import issue_serving, make_ca
-from webhook.certs.serving_tls import ServingTLS
+from kubeckpt_api.groupversion import API_VERSION, CHECKPOINT_POLICY, TRAINING_PROGRESS
+from reconciler.admission.serving_tls import ServingTLS
+from reconciler.pki import issue_serving, make_ca
 from webhook.server import MAX_BODY_BYTES, Metrics, make_app, serve
 from webhook.view import StaticView
 
@@ -290,8 +291,8 @@ def admission_review() -> dict[str, Any]:
 
 def policy_object(namespace: str = NS) -> dict[str, Any]:
     return {
-        "apiVersion": "kubeckpt.io/v1alpha1",
-        "kind": "CheckpointPolicy",
+        "apiVersion": API_VERSION,
+        "kind": CHECKPOINT_POLICY.kind,
         "metadata": {
             "name": "team-default",
             "namespace": namespace,
@@ -310,8 +311,8 @@ def handler_view() -> StaticView:
         policies=[*others, policy_object()],
         progress=[
             {
-                "apiVersion": "kubeckpt.io/v1alpha1",
-                "kind": "TrainingProgress",
+                "apiVersion": API_VERSION,
+                "kind": TRAINING_PROGRESS.kind,
                 "metadata": {"name": JOB, "namespace": NS},
                 "status": {"stepSeconds": "1.82", "checkpointing": {"lastSaveSeconds": "21.4"}},
             }

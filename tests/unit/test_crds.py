@@ -272,6 +272,26 @@ def test_crd_identity(path: Path, plural: str, kind: str, short: str) -> None:
     assert version["subresources"] == {"status": {}}
 
 
+@pytest.mark.parametrize(("path", "plural", "kind", "short"), all_crds())
+def test_api_package_declares_the_crds(path: Path, plural: str, kind: str, short: str) -> None:
+    """kubeckpt_api.groupversion, which the webhook, the controller and the CLI name the API by,
+    says what the CRD says: group, version, kind, plural, singular, short names, status."""
+    from kubeckpt_api import groupversion as gv
+
+    crd = load(path)
+    (api_kind,) = [k for k in gv.KINDS if k.kind == crd["spec"]["names"]["kind"]]
+    names = crd["spec"]["names"]
+    assert (gv.GROUP, gv.VERSION) == (crd["spec"]["group"], version_of(crd)["name"])
+    assert gv.API_VERSION == f"{crd['spec']['group']}/{version_of(crd)['name']}"
+    assert (api_kind.plural, api_kind.singular) == (names["plural"], names["singular"])
+    assert list(api_kind.short_names) == names["shortNames"]
+    assert api_kind.crd_name == crd["metadata"]["name"]
+    res = api_kind.resource
+    assert (res.group, res.version, res.plural, res.kind) == (gv.GROUP, gv.VERSION, plural, kind)
+    assert res.namespaced == (crd["spec"]["scope"] == "Namespaced")
+    assert res.subresources == frozenset(version_of(crd).get("subresources") or {})
+
+
 def structural_errors(schema: dict[str, Any], path: str = "", *, root: bool = True) -> list[str]:
     """Violations of the structural-schema rules (apiextensions.k8s.io/v1) that we can see offline.
 
@@ -767,7 +787,7 @@ def test_design_progress_file_fits_status(progress_root: dict[str, Any]) -> None
     assert set(PROGRESS_EXAMPLE) <= set(status_schema["properties"])
     # ...plus the runtime's keys beyond DESIGN.md's example: why the latest checkpoint exists,
     # the failure accounting and the local tier (trainer_runtime.contract.CheckpointingStatus).
-    from reconciler.progress.status_model import CheckpointingStatus
+    from kubeckpt_api.status_model import CheckpointingStatus
     from trainer_runtime.contract.progress import _CHECKPOINTING_KEYS
 
     schema_keys = set(status_schema["properties"]["checkpointing"]["properties"])
@@ -866,9 +886,9 @@ def test_kustomize_builds(overlay: str) -> None:
 
 
 def test_status_models_restate_the_schema(progress_root: dict[str, Any]) -> None:
-    """reconciler/progress/status_model.py fits a record to the status schema: its fields, types
+    """kubeckpt_api/status_model.py fits a record to the status schema: its fields, types
     and limits must be the schema's, or the API server rejects or prunes what it writes."""
-    from reconciler.progress.status_model import CheckpointingStatus, RecordStatus, fits
+    from kubeckpt_api.status_model import CheckpointingStatus, RecordStatus, fits
 
     status = progress_root["properties"]["status"]["properties"]
     for model, props in (

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from gen_dashboard import OUT, queries, render, variable_queries
 
-from reconciler.progress.metrics import CONTROLLER_COUNTERS, JOB_GAUGES, LABELS, job_samples
+from progress_controller.metrics import CONTROLLER_COUNTERS, JOB_GAUGES, LABELS, job_samples
 
 REPO = Path(__file__).resolve().parents[2]
 EXPORTED = set(JOB_GAUGES) | {f"{name}_total" for name in CONTROLLER_COUNTERS}

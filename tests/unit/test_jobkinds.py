@@ -1,6 +1,7 @@
-"""The table of job kinds (trainer_runtime.contract.jobkinds): how each kind's pods are recognised,
-which is rank 0, the target container, and that the reconciler's RBAC grants what the table needs
-for every kind (adding a kind is one entry plus its RBAC)."""
+"""The table of job kinds (trainer_runtime.contract.jobkinds, read through kubeckpt_api.jobkinds):
+how each kind's pods are recognised, which is rank 0, the target container, and that the
+reconciler's RBAC grants what the table needs for every kind (adding a kind is one entry plus its
+RBAC)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.progress import discovery as d
-from trainer_runtime.contract.jobkinds import (
+from kubeckpt_api.jobkinds import (
     JOB_KINDS,
     PYTORCHJOB,
     TRAINJOB,
     job_identity,
     job_kind,
 )
+from progress_controller import discovery as d
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "config" / "rbac" / "reconciler_role.yaml"
@@ -120,7 +121,7 @@ def test_the_runtime_warns_of_a_kind_it_does_not_know(caplog: pytest.LogCaptureF
 def test_webhook_match_conditions_are_generated_from_the_kinds() -> None:
     """config/webhook's CEL filter is the one jobkinds generates: a new kind or label there
     reaches the API server's filter too (or this fails)."""
-    from trainer_runtime.contract.jobkinds import admission_match_expression
+    from kubeckpt_api.jobkinds import admission_match_expression
 
     mwc = yaml.safe_load(
         (REPO / "config" / "webhook" / "mutatingwebhookconfiguration.yaml").read_text()

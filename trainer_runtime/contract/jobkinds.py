@@ -2,12 +2,12 @@
 
 What a job kind is, for every part of kubeckpt: the labels its operator puts on the pods (which
 job a pod belongs to, which pod is rank 0), the container that trains, the job's API resource, how
-it is suspended, and whether its status has a field we may write. The webhook (`job_identity`),
-the progress controller (informers, rank-0 pod, target container, TrainingProgress owner,
-suspension) and the runtime (validating KUBECKPT_JOB_KIND) read this table, as kubebuilder's
-`groupversion_info.go` and controller-runtime's builder declare a kind once. Adding a kind means
-one entry here plus its RBAC in config/rbac (tests/unit/test_jobkinds.py checks the role against
-this table).
+it is suspended, and whether its status has a field we may write. The table is here, in the pod's
+contract, because the runtime validates KUBECKPT_JOB_KIND against it and the runtime image holds
+trainer_runtime alone; the webhook, the progress controller and the CLI read it through
+kubeckpt_api.jobkinds, which adds what they derive from it (which job a pod belongs to, the
+webhook's CEL match condition). Adding a kind means one entry here plus its RBAC in config/rbac
+(tests/unit/test_jobkinds.py checks the role against this table).
 """
 
 from __future__ import annotations
@@ -109,47 +109,6 @@ TRAINJOB = JobKind(
 # In the order a pod is matched: a PyTorchJob's labels first.
 JOB_KINDS: tuple[JobKind, ...] = (PYTORCHJOB, TRAINJOB)
 BY_KIND: Mapping[str, JobKind] = {k.kind: k for k in JOB_KINDS}
-
-
-@dataclass(frozen=True)
-class JobIdentity:
-    """Which job a pod belongs to."""
-
-    job_kind: JobKind
-    name: str
-
-    @property
-    def kind(self) -> str:
-        return self.job_kind.kind
-
-    @property
-    def target_container(self) -> str:
-        return self.job_kind.target_container
-
-
-def job_identity(labels: Mapping[str, str]) -> JobIdentity | None:
-    """The training job a pod belongs to, from the labels its operator set; None if none."""
-    for kind in JOB_KINDS:
-        if name := kind.job_name(labels):
-            return JobIdentity(kind, name)
-    return None
-
-
-def admission_match_expression() -> str:
-    """The CEL `matchConditions` expression that lets the API server call the webhook only for
-    pods `job_identity` recognises: every other pod of an opted-in namespace is admitted without
-    a round trip (and is unaffected when the webhook is slow or down). Kept here, beside the
-    kinds, so config/webhook's copy is checked against them (tests/unit/test_jobkinds.py)."""
-    labels = "object.metadata.labels"
-    clauses = []
-    for kind in JOB_KINDS:
-        parts = [f"'{kind.name_label}' in {labels}", f"{labels}['{kind.name_label}'] != ''"]
-        parts += [
-            f"(!('{key}' in {labels}) || {labels}['{key}'] == '{value}')"
-            for key, value in kind.must_match
-        ]
-        clauses.append("(" + " && ".join(parts) + ")")
-    return f"has({labels}) && (" + " || ".join(clauses) + ")"
 
 
 def job_kind(kind: str) -> JobKind | None:

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from localcluster import LocalCluster
+from progress_controller.controller import ProgressController
+from progress_controller.schedule import PollSettings
 from reconciler.client import Client
 from reconciler.manager import Manager
-from reconciler.progress.controller import ProgressController
-from reconciler.progress.schedule import PollSettings
 from tests.support.cluster_clients import admin_config as admin_config
 from tests.support.cluster_clients import eventually as eventually
 
@@ -102,8 +102,8 @@ async def running_controller(
 
 
 async def get_tp(client: Client, namespace: str, name: str) -> dict | None:
+    from progress_controller.controller import TRAININGPROGRESSES
     from reconciler.errors import NotFound
-    from reconciler.progress.controller import TRAININGPROGRESSES
 
     try:
         return await client.api(TRAININGPROGRESSES).get(name, namespace)

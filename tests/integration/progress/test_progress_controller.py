@@ -6,12 +6,9 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from progress_support import (
-    admin_config,
     cond,
     eventually,
     get_tp,
@@ -29,15 +26,6 @@ from reconciler.exec import ExecError, exec_command
 
 INTERVAL = 1.1  # FAST: 1 s plus up to 10% jitter
 WITHIN = INTERVAL + 4.0  # one interval, plus exec and watch latency on a busy 2-core machine
-
-
-@pytest.fixture
-async def client(kwok: LocalCluster) -> AsyncIterator[Client]:
-    c = Client(admin_config(kwok))
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def step_is(client: Client, ns: str, name: str, step: int) -> dict | None:

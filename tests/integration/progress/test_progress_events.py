@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
 
-import pytest
 from progress_support import (
     FAST,
-    admin_config,
     cond,
     eventually,
     get_tp,
@@ -23,15 +20,6 @@ from progress_support import (
 
 from localcluster import LocalCluster
 from reconciler.client import Client
-
-
-@pytest.fixture
-async def client(kwok: LocalCluster) -> AsyncIterator[Client]:
-    c = Client(admin_config(kwok))
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def reasons(cluster: LocalCluster, ns: str, job: str) -> dict[str, int]:

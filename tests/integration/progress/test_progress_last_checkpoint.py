@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import AsyncIterator
 
-import pytest
 from progress_support import (
-    admin_config,
     eventually,
     get_tp,
     progress,
@@ -33,15 +30,6 @@ from trainer_runtime.contract.preemption import (
 WITHIN = 10.0  # a 1 s poll, exec and watch latency on a busy 2-core machine
 JOB = "lastck"
 PODS_OF_JOB = {f"{JOB}-master-0", f"{JOB}-worker-0"}
-
-
-@pytest.fixture
-async def client(kwok: LocalCluster) -> AsyncIterator[Client]:
-    c = Client(admin_config(kwok))
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def checkpoint(step: int, when: str) -> dict:

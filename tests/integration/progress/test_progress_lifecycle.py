@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-import pytest
 from progress_support import (
     FAST,
     admin_config,
@@ -25,21 +23,12 @@ from progress_support import (
 )
 
 from localcluster import LocalCluster
+from progress_controller.controller import ProgressController
 from reconciler.client import Client
 from reconciler.leaderelection import LeaderElectionConfig
 from reconciler.manager import Manager
-from reconciler.progress.controller import ProgressController
 
 WITHIN = 6.0
-
-
-@pytest.fixture
-async def client(kwok: LocalCluster) -> AsyncIterator[Client]:
-    c = Client(admin_config(kwok))
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def status(client: Client, ns: str, name: str) -> dict:

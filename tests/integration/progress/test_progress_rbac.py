@@ -17,8 +17,8 @@ from pathlib import Path
 import yaml
 from progress_support import progress, start_job, write_atomic
 
+from kubeckpt_api import __version__
 from localcluster import LocalCluster, free_port
-from trainer_runtime import __version__
 from trainer_runtime.contract.preemption import (
     LAST_CHECKPOINT_STEP_ANNOTATION as LAST_CHECKPOINT_STEP,
 )

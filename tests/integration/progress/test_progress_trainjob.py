@@ -6,12 +6,10 @@ get the same one NotInjected Event and condition as a PyTorchJob's."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 from progress_support import (
     FAST,
-    admin_config,
     event_counts,
     eventually,
     get_tp,
@@ -115,15 +113,6 @@ def no_trainer(cluster: LocalCluster) -> None:
         check=False,
         timeout=90,
     )
-
-
-@pytest.fixture
-async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
-    c = Client(admin_config(cluster))
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def trainjob_with_pod(

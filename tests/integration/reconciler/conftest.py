@@ -6,9 +6,6 @@ import asyncio
 import base64
 import json
 import urllib.request
-from collections.abc import AsyncIterator
-
-import pytest
 
 from localcluster import LocalCluster
 from reconciler.client import Client
@@ -17,15 +14,6 @@ from reconciler.exec import ExecError, exec_command
 from reconciler.resources import PODS
 from tests.support.cluster_clients import admin_config as admin_config
 from tests.support.cluster_clients import eventually as eventually
-
-
-@pytest.fixture
-async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
-    c = Client(admin_config(cluster))
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def run_pod(client: Client, namespace: str, name: str) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kubeckpt_api import __version__
 from localcluster import LocalCluster, free_port
 from tests.integration.webhook.conftest import WebhookProcess, local_webhook_configuration
-from trainer_runtime import __version__
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -12,13 +12,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.progress.reading import ReadError, parse
-from reconciler.progress.status import (
-    MAX_CONDITION_MESSAGE,
-    Observation,
-    decide,
-)
-from reconciler.progress.status_model import CheckpointingStatus, RecordStatus, fits
+from kubeckpt_api.status import MAX_CONDITION_MESSAGE
+from kubeckpt_api.status_model import CheckpointingStatus, RecordStatus, fits
+from progress_controller.decide import Observation, decide
+from progress_controller.reading import ReadError, parse
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 NASTY = "\x00\x07\x1b[31m\n\r\t\x7f\u0085\u2028\u202e/..\\\"'`$(){}<>%s a"

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.progress.lastcheckpoint import pod_patch, wanted
-from reconciler.progress.status import Observation, decide
+from progress_controller.decide import Observation, decide
+from progress_controller.lastcheckpoint import pod_patch, wanted
 from trainer_runtime.contract.preemption import (
     LAST_CHECKPOINT_STEP_ANNOTATION as STEP,
 )

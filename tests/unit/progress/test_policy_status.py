@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from reconciler.progress.policy_status import policy_status
-from reconciler.progress.status import condition
-from trainer_runtime.contract.optin import select_policy
+from kubeckpt_api.optin import select_policy
+from kubeckpt_api.status import condition
+from progress_controller.policy_status import policy_status
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 OPTED_IN = {"metadata": {"name": "team", "labels": {"kubeckpt.io/inject": "enabled"}}}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from progress_controller import discovery as d
+from progress_controller.reading import READ_CAP, ReadError, parse, read_file
 from reconciler.exec import ExecError, ExecResult, ExecTimeout
-from reconciler.progress import discovery as d
-from reconciler.progress.reading import READ_CAP, ReadError, parse, read_file
 
 GOOD = b'{"step": 3}'
 

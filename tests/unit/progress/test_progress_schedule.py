@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from reconciler.progress.schedule import (
+from progress_controller.schedule import (
     ExecLimiter,
     PollSettings,
     poll_interval,

@@ -5,14 +5,9 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from reconciler.progress.status import (
-    Observation,
-    changed,
-    condition,
-    decide,
-    record_fields,
-    set_condition,
-)
+from kubeckpt_api.status import condition, set_condition
+from kubeckpt_api.status_model import record_fields
+from progress_controller.decide import Observation, changed, decide
 from trainer_runtime.contract.progress import parse_progress
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.progress.trainjob import crd_has_trainer_status, trainer_status
+from progress_controller.trainjob import crd_has_trainer_status, trainer_status
 
 
 def test_trainer_status_shape() -> None:

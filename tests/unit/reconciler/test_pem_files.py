@@ -15,8 +15,9 @@ import tempfile
 
 import pytest
 
-from reconciler.metrics_auth import self_signed, server_tls
+from reconciler.metrics_auth import server_tls
 from reconciler.pem_files import pem_paths
+from reconciler.pki import self_signed
 
 
 @pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd is Linux-only")

@@ -8,15 +8,16 @@ import json
 import jsonpatch
 import pytest
 
-from trainer_runtime.contract.optin import select_policy
+from kubeckpt_api.optin import select_policy
+from kubeckpt_api.policy import Policy, apply_overrides
 from webhook.mutation import (
     INJECTED_LABEL,
     STATUS_ANNOTATION,
     grace_seconds,
+    local_size_limit,
     mutate,
     prestop_command,
 )
-from webhook.policy import Policy, apply_overrides, local_size_limit
 
 NS = {"metadata": {"name": "team-a", "labels": {"kubeckpt.io/inject": "enabled"}}}
 PLAIN_NS = {"metadata": {"name": "team-a"}}

@@ -1,0 +1,306 @@
+"""The controller's decision: the TrainingProgress status to store and the events a change means,
+from the status already stored and one observation. Pure: a restarted controller makes the same
+decisions (and sends no duplicate events) as the one before it.
+
+The conditions, their vocabulary and the state are the API's (kubeckpt_api.status); the record's
+fields are fitted to the CRD's schema by kubeckpt_api.status_model. Every condition has a reason
+and a message.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kubeckpt_api.status import (
+    CHECKPOINTING,
+    COMPLETED,
+    INJECTED,
+    MAX_CONDITION_MESSAGE,
+    PROGRESSING,
+    STALLED,
+    condition,
+    set_condition,
+    state_of,
+)
+from kubeckpt_api.status_model import RECORD_KEYS, printable, record_fields
+from trainer_runtime.contract.progress import (
+    LATEST_CHECKPOINT_REASON,
+    REASON_JIT,
+    REASON_RESUME,
+    ProgressRecord,
+    format_rfc3339,
+    parse_rfc3339,
+)
+
+# The field manager of everything the controller writes with server-side apply (the
+# TrainingProgress status, CheckpointPolicy status, a TrainJob's status.trainerStatus).
+FIELD_MANAGER = "kubeckpt"
+NOT_INJECTED_PREFIX = "created without kubeckpt injection (was the webhook down?): "
+
+
+def changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Whether writing `new` over `old` changes anything but lastPollTime."""
+
+    def norm(s: dict[str, Any] | None) -> dict[str, Any]:
+        s = dict(s or {})
+        s.pop("lastPollTime", None)
+        s["conditions"] = sorted(s.get("conditions") or [], key=lambda c: c.get("type", ""))
+        return s
+
+    return norm(old) != norm(new)
+
+
+@dataclass
+class Observation:
+    """What one reconcile saw."""
+
+    pod: str | None = None  # the rank-0 pod read (or that should have been)
+    record: ProgressRecord | None = None
+    source: str | None = None  # "exec" or "terminationMessage"
+    error_reason: str | None = None
+    error_message: str = ""
+    outcome: str | None = None  # "Succeeded" / "Failed" when the job finished
+    stall_after: float | None = None  # seconds without a step before Stalled
+    new_pod: bool = False  # a pod other than the one last read, even if it has the same name
+    # Pods that should have been injected and were not (None: not known, leave the condition).
+    not_injected: list[str] | None = None
+    # The job is suspended (its kind's suspend field: Kueue preempts that way), not finished.
+    suspended: bool = False
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal / Warning
+    reason: str
+    message: str
+
+    def __post_init__(self) -> None:
+        # Built from a progress file's strings: escaped and bounded like condition messages.
+        message = printable(self.message)
+        if len(message) > MAX_CONDITION_MESSAGE:
+            message = message[: MAX_CONDITION_MESSAGE - 3] + "..."
+        object.__setattr__(self, "message", message)
+
+
+@dataclass
+class Decision:
+    status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
+    accepted: bool = False  # the record was taken (its values are in the status)
+
+
+def _step_of(status: dict[str, Any]) -> int | None:
+    step = status.get("step")
+    return step if isinstance(step, int) else None
+
+
+def _checkpoint_events(
+    ck: dict[str, Any], prev_ck: dict[str, Any], step: int, obs: Observation
+) -> list[Event]:
+    """CheckpointSaved or JITCheckpoint, once per checkpoint. The runtime says why it saved
+    (`latestCheckpointReason`); a record without it (an older runtime) is taken as a JIT save
+    when it came from the termination message of a job that has not succeeded."""
+    latest = ck.get("latestCheckpoint")
+    if not latest:
+        return []
+    # The step from the checkpoint's own name: the record's step may be later when it is read.
+    at = _checkpoint_step(latest)
+    at_step = f"step {at}" if at is not None else f"step {step} or before"
+    jit = Event("Normal", "JITCheckpoint", f"checkpoint on shutdown at {at_step}: {latest}")
+    reason = ck.get(LATEST_CHECKPOINT_REASON)
+    new_path = latest != prev_ck.get("latestCheckpoint")
+    if reason == REASON_RESUME:
+        return []  # the checkpoint resumed from: the Resumed event tells of it
+    if reason == REASON_JIT and (new_path or prev_ck.get(LATEST_CHECKPOINT_REASON) != REASON_JIT):
+        # A stop at a step already saved turns that checkpoint into the JIT one: say so once.
+        return [jit]
+    if not new_path:
+        return []
+    if reason is None and obs.source == "terminationMessage" and obs.outcome != "Succeeded":
+        return [jit]
+    return [Event("Normal", "CheckpointSaved", f"checkpoint at {at_step}: {latest}")]
+
+
+def _checkpoint_step(location: str) -> int | None:
+    name = location.rstrip("/").rsplit("/", 1)[-1]
+    prefix, _, number = name.rpartition("-")
+    return int(number) if prefix == "checkpoint" and number.isdigit() else None
+
+
+def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Decision:
+    """The status to store and the events to send, from the stored status and an observation."""
+    prev = copy.deepcopy(prev or {})
+    status: dict[str, Any] = dict(prev)
+    conds: list[dict[str, Any]] = list(prev.get("conditions") or [])
+    events: list[Event] = []
+    accepted = False
+    rec = obs.record
+    error = (obs.error_reason, obs.error_message) if obs.error_reason else None
+
+    if rec is not None:
+        new = record_fields(rec)
+        prev_step = _step_of(prev)
+        same_pod = obs.pod is not None and obs.pod == prev.get("observedPod") and not obs.new_pod
+        same_resume = new.get("resumedFrom") == prev.get("resumedFrom")
+        if prev_step is not None and rec.step < prev_step and same_pod and same_resume:
+            error = (
+                "StepWentBackwards",
+                f"step went back from {prev_step} to {rec.step} in pod {obs.pod} without a new "
+                "resumedFrom; keeping the last good values",
+            )
+        else:
+            accepted = True
+            status = {k: v for k, v in prev.items() if k not in RECORD_KEYS}
+            status.update(new)
+            status["source"] = obs.source or "exec"
+            if obs.pod:
+                status["observedPod"] = obs.pod[:253]
+            resumed = bool(new.get("resumedFrom")) and not same_resume
+            went_back = prev_step is not None and rec.step < prev_step
+            if resumed or (went_back and not same_pod):
+                frm = new.get("resumedFrom") or "an earlier checkpoint"
+                events.append(Event("Normal", "Resumed", f"resumed from {frm}; step {rec.step}"))
+            total = f" of {rec.total_steps}" if rec.total_steps else ""
+            if resumed:
+                conds = set_condition(
+                    conds,
+                    PROGRESSING,
+                    "True",
+                    "Resumed",
+                    f"resumed from {new['resumedFrom']}; step {rec.step}{total}",
+                    now,
+                )
+            else:
+                conds = set_condition(
+                    conds, PROGRESSING, "True", "ProgressReported", f"step {rec.step}{total}", now
+                )
+            ck = new.get("checkpointing") or {}
+            prev_ck = prev.get("checkpointing") or {}
+            latest = ck.get("latestCheckpoint")
+            if ck.get("enabled") is False:
+                conds = set_condition(
+                    conds,
+                    CHECKPOINTING,
+                    "False",
+                    "CheckpointingDisabled",
+                    "checkpointing is disabled in the training container",
+                    now,
+                )
+            elif latest:
+                conds = set_condition(
+                    conds,
+                    CHECKPOINTING,
+                    "True",
+                    "CheckpointSaved",
+                    f"latest complete checkpoint: {latest}",
+                    now,
+                )
+            elif ck:
+                conds = set_condition(
+                    conds,
+                    CHECKPOINTING,
+                    "False",
+                    "NoCheckpointYet",
+                    "no complete checkpoint has been written yet",
+                    now,
+                )
+            events += _checkpoint_events(ck, prev_ck, rec.step, obs)
+            # Stalled clears when the step advances.
+            if prev_step is None or rec.step != prev_step:
+                if (c := condition(conds, STALLED)) is not None and c.get("status") == "True":
+                    conds = set_condition(
+                        conds, STALLED, "False", "StepAdvanced", f"step {rec.step}", now
+                    )
+
+    if error is not None:
+        reason, message = error
+        conds = set_condition(conds, PROGRESSING, "Unknown", reason, message, now)
+        if obs.pod and "observedPod" not in status:
+            status["observedPod"] = obs.pod[:253]
+
+    # Stalled: no step for longer than expected, while the job runs.
+    if obs.outcome is None and obs.stall_after is not None and status.get("lastUpdateTime"):
+        try:
+            age = (now - parse_rfc3339(status["lastUpdateTime"])).total_seconds()
+        except ValueError:
+            age = 0.0
+        if age > obs.stall_after:
+            old = condition(conds, STALLED)
+            if old is None or old.get("status") != "True":
+                msg = (
+                    f"no step since {status['lastUpdateTime']} (step {status.get('step')}); "
+                    f"expected one within {obs.stall_after:.0f}s"
+                )
+                conds = set_condition(conds, STALLED, "True", "NoStepAdvance", msg, now)
+                events.append(Event("Warning", "Stalled", msg))
+        elif condition(conds, STALLED) is None:
+            conds = set_condition(conds, STALLED, "False", "StepAdvanced", "steps advance", now)
+
+    if obs.suspended and obs.outcome is None:
+        latest = (status.get("checkpointing") or {}).get("latestCheckpoint")
+        then = f"; it resumes from {latest} when unsuspended" if latest else ""
+        msg = f"the job is suspended at step {status.get('step', 0)}{then}"
+        conds = set_condition(conds, PROGRESSING, "False", "Suspended", msg, now)
+        if (c := condition(conds, STALLED)) is not None and c.get("status") == "True":
+            conds = set_condition(conds, STALLED, "False", "Suspended", msg, now)
+
+    if obs.outcome == "Succeeded":
+        old = condition(conds, COMPLETED)
+        msg = f"training finished at step {status.get('step', 0)}"
+        if old is None or old.get("status") != "True":
+            events.append(Event("Normal", "Completed", msg))
+            conds = set_condition(conds, COMPLETED, "True", "JobSucceeded", msg, now)
+        conds = set_condition(conds, PROGRESSING, "False", "Completed", msg, now)
+        if (c := condition(conds, STALLED)) is not None and c.get("status") == "True":
+            conds = set_condition(conds, STALLED, "False", "Completed", msg, now)
+    elif obs.outcome == "Failed":
+        conds = set_condition(
+            conds,
+            COMPLETED,
+            "False",
+            "JobFailed",
+            f"the job failed at step {status.get('step', 0)}",
+            now,
+        )
+        conds = set_condition(conds, PROGRESSING, "False", "JobFailed", "the job failed", now)
+
+    if obs.not_injected is not None:
+        old = condition(conds, INJECTED)
+        if obs.not_injected:
+            names = sorted(obs.not_injected)
+            known: set[str] = set()
+            if old is not None and old.get("status") == "False":
+                text = str(old.get("message", ""))
+                if text.startswith(NOT_INJECTED_PREFIX):
+                    known = set(text[len(NOT_INJECTED_PREFIX) :].split(", "))
+            new_names = [n for n in names if n not in known]
+            conds = set_condition(
+                conds,
+                INJECTED,
+                "False",
+                "PodsNotInjected",
+                NOT_INJECTED_PREFIX + ", ".join(names),
+                now,
+            )
+            if new_names:
+                events.append(
+                    Event(
+                        "Warning",
+                        "NotInjected",
+                        f"pod(s) {', '.join(new_names)} {NOT_INJECTED_PREFIX}they run without "
+                        "checkpoint settings until recreated",
+                    )
+                )
+        elif old is not None:
+            conds = set_condition(
+                conds, INJECTED, "True", "AllPodsInjected", "every pod of the job is injected", now
+            )
+
+    order = {PROGRESSING: 0, STALLED: 1, CHECKPOINTING: 2, COMPLETED: 3, INJECTED: 4}
+    status["conditions"] = sorted(conds, key=lambda c: order.get(c["type"], 9))
+    status["state"] = state_of(status)
+    status["lastPollTime"] = format_rfc3339(now)
+    return Decision(status, events, accepted)

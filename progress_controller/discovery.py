@@ -1,0 +1,143 @@
+"""Pure functions over pod and job objects: which pod is rank 0, which container, which path.
+
+What a job kind's pods look like (the labels naming the job and rank 0, the training container)
+is declared once, in trainer_runtime.contract.jobkinds (read here through kubeckpt_api.jobkinds);
+the webhook reads the same table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kubeckpt_api.jobkinds import JOB_KINDS, PYTORCHJOB, TRAINJOB, JobKind, job_identity
+from kubeckpt_api.optin import INJECTED_LABEL, STATUS_ANNOTATION
+from reconciler.objects import KubeObject
+
+__all__ = ["JOB_KINDS", "PYTORCHJOB", "TRAINJOB", "JobKind"]
+
+PROGRESS_ENV = "TRAINING_PROGRESS_FILE"
+UPDATE_FREQUENCY_ENV = "PROGRESS_UPDATE_FREQUENCY"
+DEFAULT_PROGRESS_PATH = "/workspace/training_progress.json"  # the runtime's default when unset
+DEFAULT_UPDATE_FREQUENCY = 5
+
+
+def _labels(obj: KubeObject) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def job_of_pod(pod: KubeObject) -> tuple[JobKind, str] | None:
+    """(kind, name) of the training job a pod belongs to, from its labels; None if none."""
+    ident = job_identity(_labels(pod))
+    return (ident.job_kind, ident.name) if ident else None
+
+
+def is_rank0(pod: KubeObject, kind: JobKind = PYTORCHJOB) -> bool:
+    return kind.is_rank0(_labels(pod))
+
+
+def rank0_pod(pods: list[KubeObject], kind: JobKind = PYTORCHJOB) -> KubeObject | None:
+    """The job's rank-0 pod: of several (an old one terminating, its replacement), the one not
+    being deleted, then the newest."""
+    candidates = [p for p in pods if is_rank0(p, kind)]
+    if not candidates:
+        return None
+
+    def rank(p: KubeObject) -> tuple[bool, str, str]:
+        md = p.get("metadata") or {}
+        return (
+            "deletionTimestamp" not in md,
+            str(md.get("creationTimestamp", "")),
+            str(md.get("name", "")),
+        )
+
+    return max(candidates, key=rank)
+
+
+def injected(pod: KubeObject) -> bool:
+    return _labels(pod).get(INJECTED_LABEL) == "true"
+
+
+def target_container(pod: KubeObject, kind: JobKind = PYTORCHJOB) -> dict[str, Any] | None:
+    """The container the webhook injected (its status annotation names it), else the kind's
+    default (`pytorch`, `node`), else the first."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if not containers:
+        return None
+    by_name = {c.get("name"): c for c in containers}
+    ann = ((pod.get("metadata") or {}).get("annotations") or {}).get(STATUS_ANNOTATION)
+    if ann:
+        try:
+            name = json.loads(ann).get("container")
+        except (ValueError, AttributeError):
+            name = None
+        if name in by_name:
+            return by_name[name]
+    return by_name.get(kind.target_container, containers[0])
+
+
+def _env_value(container: dict[str, Any], name: str) -> str | None:
+    for e in container.get("env") or []:
+        if e.get("name") == name and "value" in e:
+            return str(e["value"])
+    return None
+
+
+def progress_path(container: dict[str, Any]) -> str:
+    """$TRAINING_PROGRESS_FILE as the pod spec sets it (a literal value), else the default."""
+    return _env_value(container, PROGRESS_ENV) or DEFAULT_PROGRESS_PATH
+
+
+def update_frequency(container: dict[str, Any]) -> int:
+    """Steps between progress writes ($PROGRESS_UPDATE_FREQUENCY, default 5)."""
+    try:
+        n = int(_env_value(container, UPDATE_FREQUENCY_ENV) or DEFAULT_UPDATE_FREQUENCY)
+    except ValueError:
+        return DEFAULT_UPDATE_FREQUENCY
+    return n if n > 0 else DEFAULT_UPDATE_FREQUENCY
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    state: str  # "running", "terminated", "waiting" or "unknown"
+    message: str = ""  # the termination message when terminated
+    exit_code: int | None = None
+    restart_count: int = 0
+
+
+def container_state(pod: KubeObject, container: str) -> ContainerState:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") != container:
+            continue
+        state = cs.get("state") or {}
+        restarts = int(cs.get("restartCount") or 0)
+        if "running" in state:
+            return ContainerState("running", restart_count=restarts)
+        if "terminated" in state:
+            t = state["terminated"] or {}
+            return ContainerState(
+                "terminated", str(t.get("message") or ""), t.get("exitCode"), restarts
+            )
+        return ContainerState("waiting", restart_count=restarts)
+    return ContainerState("unknown")
+
+
+def job_outcome(job: KubeObject) -> str | None:
+    """ "Succeeded" or "Failed" when the job has finished (its status conditions), else None."""
+    conds = (job.get("status") or {}).get("conditions") or []
+    for c in conds:
+        if c.get("status") == "True" and c.get("type") in ("Succeeded", "Complete"):
+            return "Succeeded"
+    for c in conds:
+        if c.get("status") == "True" and c.get("type") == "Failed":
+            return "Failed"
+    return None
+
+
+def suspended(job: KubeObject, kind: JobKind) -> bool:
+    """Whether the job's suspend field (its kind's, e.g. spec.suspend) is true."""
+    value: Any = job
+    for key in kind.suspend_field:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value is True
