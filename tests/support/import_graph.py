@@ -1,4 +1,5 @@
-"""trainer_runtime's import graph, read from its source with ast (tests/unit/runtime).
+"""The import graph of our packages, read from their source with ast (tests/unit/runtime/
+test_import_graph.py for trainer_runtime, tests/unit/test_package_imports.py for the cluster side).
 
 Every import counts: at module level, inside functions, and under `if TYPE_CHECKING:` (a circle
 only the type checker sees is still two modules that cannot be read apart). `from . import
@@ -25,10 +26,10 @@ class Import:
     line: int
 
 
-def modules() -> dict[str, Path]:
-    """Every module of the package by dotted name (a package by its own name)."""
+def modules(packages: tuple[str, ...] = (PACKAGE,)) -> dict[str, Path]:
+    """Every module of `packages` by dotted name (a package by its own name)."""
     found = {}
-    for path in sorted((REPO / PACKAGE).rglob("*.py")):
+    for path in sorted(p for pkg in packages for p in (REPO / pkg).rglob("*.py")):
         parts = list(path.relative_to(REPO).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
@@ -60,9 +61,9 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> list[Import]:
     return found
 
 
-def import_graph() -> dict[str, list[Import]]:
-    """Module -> what it imports, for every module of the package."""
-    known = modules()
+def import_graph(packages: tuple[str, ...] = (PACKAGE,)) -> dict[str, list[Import]]:
+    """Module -> what it imports, for every module of `packages`."""
+    known = modules(packages)
     return {name: imports_of(name, path, known) for name, path in known.items()}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import sys
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -651,3 +652,17 @@ def test_early_years_keep_four_digits_and_times_without_utc_form_are_refused() -
     assert format_rfc3339(parse_rfc3339("2024-01-15T12:30:00+02:00")) == "2024-01-15T10:30:00Z"
     with pytest.raises(ContractError):
         parse_rfc3339("0001-01-01T00:00:00+01:00")
+
+
+def test_deep_nesting_is_rejected_whatever_the_recursion_limit() -> None:
+    # json's own RecursionError depends on sys.getrecursionlimit(), which hypothesis raises while
+    # it runs: the suite once parsed 5000 nested arrays as JSON when run after a property test.
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(50_000)
+    try:
+        assert "nested over" in rejects("[" * 5000 + "]" * 5000)
+        assert "nested over" in rejects('{"a": ' + "[" * 40 + "]" * 40 + "}")
+    finally:
+        sys.setrecursionlimit(old)
+    # Brackets inside strings are text, not nesting.
+    assert parse_progress('{"step": 2, "note": "' + "[{" * 100 + '\\\\"}').step == 2

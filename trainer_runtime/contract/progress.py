@@ -490,6 +490,34 @@ def _reject_constant(name: str) -> Any:
     raise ContractError(f"progress file is not valid JSON: {name} is not allowed")
 
 
+# A record is two levels deep (`checkpointing`); anything much deeper is not a progress record.
+MAX_NESTING = 32
+
+
+def _nesting(text: str) -> int:
+    """How deep arrays and objects nest in `text` (JSON), brackets inside strings not counted."""
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return 0  # cannot be deeper: the common case costs two counts
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 def parse_progress(data: bytes | bytearray | memoryview | str) -> ProgressRecord:
     """Parse and validate a progress file's content (or a termination message).
 
@@ -513,6 +541,10 @@ def parse_progress(data: bytes | bytearray | memoryview | str) -> ProgressRecord
             text = bytes(data).decode("utf-8")
         except UnicodeDecodeError as e:
             raise ContractError(f"progress file is not valid UTF-8: {e}") from None
+    if _nesting(text) > MAX_NESTING:
+        # Checked here, not left to json's RecursionError: that depends on the interpreter's
+        # recursion limit, which other code (hypothesis, for one) raises for a while.
+        raise ContractError(f"progress file is not valid JSON: nested over {MAX_NESTING} deep")
     try:
         obj = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
