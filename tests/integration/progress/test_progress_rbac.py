@@ -1,5 +1,6 @@
 """kubeckpt-reconciler (the console script) running with the token of the ServiceAccount that
-config/rbac/reconciler_role.yaml binds, and nothing more."""
+config/rbac/reconciler_role.yaml binds, and nothing more, under config/policy's admission
+policies on that account."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from progress_support import progress, start_job, write_atomic
 
 from kubeckpt_api import __version__
 from localcluster import LocalCluster, free_port
+from tests.support import policies
 from trainer_runtime.contract.preemption import (
     LAST_CHECKPOINT_STEP_ANNOTATION as LAST_CHECKPOINT_STEP,
 )
@@ -50,6 +52,12 @@ def test_reconciler_runs_with_exactly_its_role(
         tmp_path / "kubeconfig", "kubeckpt-reconciler", "kubeckpt-system"
     )
     path = start_job(cluster, namespace, "rbac", progress(5))
+    # The admission policies, with the KWOK pod's progress file (a host path) allowed as an admin
+    # allows a TRAINING_PROGRESS_FILE set elsewhere; the namespace opted in for reading with the
+    # label that stays while _policy_status_is_written takes kubeckpt.io/inject away.
+    admission = policies.with_progress_files(policies.policies(cluster), str(path))
+    policies.install(cluster, admission)
+    cluster.kubectl("label", "namespace", namespace, "kubeckpt.io/progress-exec=enabled")
     metrics_port = free_port()
     log = tmp_path / "reconciler.log"
     with log.open("wb") as out:
@@ -117,6 +125,7 @@ def test_reconciler_runs_with_exactly_its_role(
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        policies.remove(cluster, admission)
     text = log.read_text()
     assert "forbidden" not in text.lower(), text[-4000:]
     assert proc.returncode == 0, text[-4000:]

@@ -16,6 +16,7 @@ import yaml
 from kubeckpt_api import __version__
 from localcluster import LocalCluster, free_port
 from tests.integration.webhook.conftest import WebhookProcess, local_webhook_configuration
+from tests.support import policies
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -68,10 +69,13 @@ def test_overlay_builds_and_default_applies(cluster: LocalCluster, overlay: str)
 
 
 def test_webhook_runs_with_exactly_its_role(cluster: LocalCluster, tmp_path: Path) -> None:
-    """kubeckpt-webhook started with the token of the ServiceAccount that config/rbac binds."""
+    """kubeckpt-webhook started with the token of the ServiceAccount that config/rbac binds,
+    under config/policy's admission policies on that account."""
     rbac = (REPO / "config" / "rbac" / "webhook_role.yaml").read_text()
     cluster.kubectl("create", "namespace", "kubeckpt-system", check=False)
     cluster.apply(rbac)
+    admission = policies.policies(cluster)
+    policies.install(cluster, admission)
     kubeconfig = cluster.token_kubeconfig(
         tmp_path / "kubeconfig", "kubeckpt-webhook", "kubeckpt-system"
     )
@@ -103,6 +107,7 @@ def test_webhook_runs_with_exactly_its_role(cluster: LocalCluster, tmp_path: Pat
     finally:
         proc.stop()
         cluster.kubectl("delete", "mutatingwebhookconfiguration", "kubeckpt-webhook", check=False)
+        policies.remove(cluster, admission)
     # The role grants nothing beyond: e.g. reading other Secrets or pods is refused.
     for args in (
         ["get", "secrets", "-n", "kube-system"],

@@ -1,0 +1,287 @@
+"""The admission policies on kubeckpt's own ServiceAccounts (config/policy), as kustomize renders
+them: every install carries them, each is bound to deny, the constants in their CEL are the code's
+(the read commands, the progress file, the containers, the labels, the annotations), their account
+patterns match the accounts an overlay renames, and no kubeckpt role can change them. Their CEL
+compiles and acts on the real API server: tests/integration/test_service_account_policies.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from progress_controller.reading import PYTHON_READER, READ_CAP
+from trainer_runtime.contract.env import POD_PROGRESS_FILE
+from trainer_runtime.contract.jobkinds import JOB_KINDS
+from trainer_runtime.contract.preemption import (
+    LAST_CHECKPOINT_ANNOTATIONS,
+    LAST_CHECKPOINT_STEP_ANNOTATION,
+    LAST_CHECKPOINT_TIME_ANNOTATION,
+    checkpoint_step_value,
+    checkpoint_time_value,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "config"
+VAP = "ValidatingAdmissionPolicy"
+BINDING = "ValidatingAdmissionPolicyBinding"
+RECONCILER_POLICIES = (
+    "kubeckpt-reconciler-exec",
+    "kubeckpt-reconciler-pods",
+    "kubeckpt-reconciler-trainjobs",
+    "kubeckpt-reconciler-events",
+)
+WEBHOOK_POLICIES = ("kubeckpt-webhook-configuration", "kubeckpt-webhook-secrets")
+
+
+def render(path: Path) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is not on PATH: install it, or run `make binaries` and add its path"
+    proc = subprocess.run(
+        [kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def default() -> list[dict[str, Any]]:
+    return render(CONFIG / "default")
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def variables(policy: dict[str, Any]) -> dict[str, str]:
+    return {v["name"]: v["expression"] for v in policy["spec"].get("variables", [])}
+
+
+def cel_list(items: list[Any]) -> str:
+    """A CEL list literal of strings (or of lists of strings), as the policies write them."""
+    return "[" + ", ".join(cel_list(i) if isinstance(i, list) else f"'{i}'" for i in items) + "]"
+
+
+def account_pattern(policy: dict[str, Any]) -> str:
+    (cond,) = policy["spec"]["matchConditions"]
+    m = re.fullmatch(r"request\.userInfo\.username\.matches\('(.+)'\)", cond["expression"])
+    assert m, cond
+    return m.group(1)
+
+
+def username(sa: dict[str, Any]) -> str:
+    return f"system:serviceaccount:{sa['metadata']['namespace']}:{sa['metadata']['name']}"
+
+
+@pytest.mark.parametrize("overlay", ["default", "local", "certmanager", "prometheus"])
+def test_every_install_carries_the_policies_bound_to_deny(overlay: str) -> None:
+    docs = render(CONFIG / overlay)
+    policies, bindings = by_kind(docs, VAP), by_kind(docs, BINDING)
+    assert set(policies) == {*RECONCILER_POLICIES, *WEBHOOK_POLICIES}
+    assert {b["spec"]["policyName"] for b in bindings.values()} == set(policies)
+    for b in bindings.values():
+        assert b["spec"]["validationActions"] == ["Deny"], b
+        assert "matchResources" not in b["spec"] and "paramRef" not in b["spec"], b
+    for p in policies.values():
+        assert p["spec"]["failurePolicy"] == "Fail", p["metadata"]["name"]
+        assert p["metadata"]["labels"]["app.kubernetes.io/component"] == "policy"
+        for v in p["spec"]["validations"]:
+            assert v.get("message") or v.get("messageExpression"), v
+    # Cluster-scoped: config/default's `namespace:` must not leave its namespace on them.
+    for d in (*policies.values(), *bindings.values()):
+        assert not d["metadata"].get("namespace"), d["metadata"]
+
+
+def test_the_exec_policy_allows_exactly_the_read_commands(default: list[dict[str, Any]]) -> None:
+    """reading.py's `cat <path>` and its python3 fallback, byte for byte (a CEL string literal
+    of PYTHON_READER: JSON's escapes are CEL's), of the file the webhook injects, in a job kind's
+    training container."""
+    exec_policy = by_kind(default, VAP)["kubeckpt-reconciler-exec"]
+    v = variables(exec_policy)
+    assert v["progressFiles"] == cel_list([POD_PROGRESS_FILE]), v["progressFiles"]
+    assert v["pythonReader"] == json.dumps(PYTHON_READER), (
+        "the policy's pythonReader differs from progress_controller/reading.py PYTHON_READER; "
+        f"set it to: {json.dumps(PYTHON_READER)}"
+    )
+    assert v["readCap"] == f"'{READ_CAP}'"
+    assert v["containers"] == cel_list([k.target_container for k in JOB_KINDS])
+    rules = exec_policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rules == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["*"],
+            "operations": ["CONNECT"],
+            "resources": ["pods/exec", "pods/attach", "pods/portforward", "pods/proxy"],
+        }
+    ]
+    text = json.dumps(exec_policy["spec"]["validations"])
+    for needle in (
+        "variables.command == ['cat', path]",
+        "['python3', '-c', variables.pythonReader, path, variables.readCap]",
+        "kubeckpt.io/inject",
+        "kubeckpt.io/progress-exec",
+        "object.stdin",
+        "object.tty",
+    ):
+        assert needle in text, needle
+
+
+def test_the_write_policies_name_the_contracts_labels_and_annotations(
+    default: list[dict[str, Any]],
+) -> None:
+    policies = by_kind(default, VAP)
+    pods = variables(policies["kubeckpt-reconciler-pods"])
+    assert pods["ours"] == cel_list(list(LAST_CHECKPOINT_ANNOTATIONS))
+    assert pods["jobLabels"] == cel_list([k.name_label for k in JOB_KINDS])
+    events = variables(policies["kubeckpt-reconciler-events"])
+    assert events["jobKinds"] == cel_list([[k.group, k.kind] for k in JOB_KINDS])
+    trainjobs = policies["kubeckpt-reconciler-trainjobs"]
+    (rule,) = trainjobs["spec"]["matchConstraints"]["resourceRules"]
+    (trainjob,) = [k for k in JOB_KINDS if k.progress_status_field]
+    assert rule["apiGroups"] == [trainjob.group]
+    assert rule["resources"] == [trainjob.plural, f"{trainjob.plural}/*"]
+    assert f"k == '{trainjob.progress_status_field}'" in json.dumps(trainjobs["spec"])
+
+
+def _value_patterns(default: list[dict[str, Any]]) -> dict[str, re.Pattern[str]]:
+    """The annotation value patterns of the pods policy, by annotation (RE2 as Python reads it:
+    these use nothing the two dialects disagree on)."""
+    pods = by_kind(default, VAP)["kubeckpt-reconciler-pods"]
+    text = " ".join(v["expression"] for v in pods["spec"]["validations"])
+    found = re.findall(r"variables\.annotations\['([^']+)'\]\.matches\('([^']+)'\)", text)
+    return {key: re.compile(pattern) for key, pattern in found}
+
+
+@given(
+    st.datetimes(
+        min_value=datetime(1970, 1, 1), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)
+    ),
+    st.integers(min_value=0, max_value=2**63 - 1),
+)
+def test_the_annotation_values_the_controller_writes_pass(
+    default: list[dict[str, Any]], when: datetime, step: int
+) -> None:
+    patterns = _value_patterns(default)
+    assert set(patterns) == {LAST_CHECKPOINT_TIME_ANNOTATION, LAST_CHECKPOINT_STEP_ANNOTATION}
+    time_value = checkpoint_time_value(when.isoformat())
+    step_value = checkpoint_step_value(f"/ckpt/ns/job/checkpoint-{step}")
+    assert time_value is not None and step_value is not None
+    assert patterns[LAST_CHECKPOINT_TIME_ANNOTATION].search(time_value), time_value
+    assert patterns[LAST_CHECKPOINT_STEP_ANNOTATION].search(step_value), step_value
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (LAST_CHECKPOINT_TIME_ANNOTATION, "2024-01-15T10:25:00+01:00"),
+        (LAST_CHECKPOINT_TIME_ANNOTATION, "2024-01-15T10:25:00.5Z"),
+        (LAST_CHECKPOINT_TIME_ANNOTATION, "yesterday"),
+        (LAST_CHECKPOINT_TIME_ANNOTATION, "2024-01-15T10:25:00Z\nx"),
+        (LAST_CHECKPOINT_STEP_ANNOTATION, "-1"),
+        (LAST_CHECKPOINT_STEP_ANNOTATION, "0150"),
+        (LAST_CHECKPOINT_STEP_ANNOTATION, "1e3"),
+        (LAST_CHECKPOINT_STEP_ANNOTATION, "1" * 20),
+        (LAST_CHECKPOINT_STEP_ANNOTATION, ""),
+    ],
+)
+def test_other_annotation_values_are_refused(
+    default: list[dict[str, Any]], key: str, value: str
+) -> None:
+    assert _value_patterns(default)[key].search(value) is None
+
+
+def _accounts(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """Username of the reconciler's and the webhook's ServiceAccount in a rendered install."""
+    out = {}
+    for sa in by_kind(docs, "ServiceAccount").values():
+        for who in ("reconciler", "webhook"):
+            if f"kubeckpt-{who}" in sa["metadata"]["name"]:
+                out[who] = username(sa)
+    assert set(out) == {"reconciler", "webhook"}, out
+    return out
+
+
+@pytest.mark.parametrize("renamed", [False, True])
+def test_each_policy_matches_its_account_and_not_the_other(
+    default: list[dict[str, Any]], tmp_path: Path, renamed: bool
+) -> None:
+    """config/default's accounts, and those of an overlay with another namespace, a namePrefix
+    and a nameSuffix (whose bindings still name their policies)."""
+    docs = default
+    if renamed:
+        overlay = tmp_path / "overlay"
+        overlay.mkdir()
+        base = os.path.relpath(CONFIG / "default", overlay)  # kustomize takes no absolute base
+        kustomization = {
+            "resources": [base],
+            "namespace": "ml-platform",
+            "namePrefix": "acme-",
+            "nameSuffix": "-v2",
+        }
+        (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        docs = render(overlay)
+    accounts = _accounts(docs)
+    if renamed:
+        assert accounts["reconciler"] == (
+            "system:serviceaccount:ml-platform:acme-kubeckpt-reconciler-v2"
+        )
+    policies = by_kind(docs, VAP)
+    assert {b["spec"]["policyName"] for b in by_kind(docs, BINDING).values()} == set(policies)
+    for name, policy in policies.items():
+        who = "webhook" if "kubeckpt-webhook" in name else "reconciler"
+        other = "reconciler" if who == "webhook" else "webhook"
+        pattern = re.compile(account_pattern(policy))
+        assert pattern.search(accounts[who]), (name, accounts[who])
+        assert not pattern.search(accounts[other]), (name, accounts[other])
+        for stranger in (
+            "system:serviceaccount:kubeckpt-system:default",
+            "kubernetes-admin",
+            f"{accounts[who]}:x",  # not a ServiceAccount's username
+            "kubeckpt-reconciler",
+        ):
+            assert not pattern.search(stranger), (name, stranger)
+
+
+def test_no_kubeckpt_role_can_change_the_policies(default: list[dict[str, Any]]) -> None:
+    """Nothing the install binds to any account grants a write on admission configuration,
+    beyond the webhook's get/patch of its own MutatingWebhookConfiguration by name."""
+    roles = [d for d in default if d["kind"] in ("ClusterRole", "Role")]
+    assert roles
+    for role in roles:
+        for rule in role.get("rules", []):
+            assert "*" not in rule.get("verbs", []) and "*" not in rule.get("apiGroups", [])
+            if "admissionregistration.k8s.io" not in rule.get("apiGroups", []):
+                continue
+            assert role["metadata"]["name"] == "kubeckpt-webhook", role["metadata"]["name"]
+            assert rule == {
+                "apiGroups": ["admissionregistration.k8s.io"],
+                "resources": ["mutatingwebhookconfigurations"],
+                "resourceNames": ["kubeckpt-webhook"],
+                "verbs": ["get", "patch"],
+            }
+
+
+def test_the_webhook_policy_spares_only_the_ca_bundle(default: list[dict[str, Any]]) -> None:
+    policy = by_kind(default, VAP)["kubeckpt-webhook-configuration"]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == [
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+    ]
+    text = json.dumps(policy["spec"]["validations"])
+    assert "k == 'caBundle'" in text and "k == 'clientConfig'" in text
+    # The webhook's certificate manager sends a JSON patch of caBundle alone (its tests pin it);
+    # the metadata it may not change has no exception but what the API server sets itself.
+    assert variables(policy)["serverSet"] == cel_list(
+        ["managedFields", "resourceVersion", "generation"]
+    )
