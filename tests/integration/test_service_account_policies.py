@@ -29,7 +29,7 @@ from progress_controller.discovery import PYTORCHJOB, target_container
 from progress_controller.lastcheckpoint import pod_patch, wanted
 from progress_controller.reading import PYTHON_READER, READ_CAP, ReadError, read_file
 from progress_controller.trainjob import trainer_status
-from reconciler.admission import CertConfig, CertManager, ClientSecretStore
+from reconciler.admission import CertManager, ClientSecretStore
 from reconciler.apply import apply_status, status_patch
 from reconciler.client import Client
 from reconciler.config import load_kubeconfig
@@ -44,6 +44,7 @@ from trainer_runtime.contract.preemption import (
     LAST_CHECKPOINT_STEP_ANNOTATION,
     LAST_CHECKPOINT_TIME_ANNOTATION,
 )
+from webhook.certs import cert_config
 
 SYSTEM_NS = pol.SYSTEM_NS
 MWC = "kubeckpt-webhook"
@@ -722,7 +723,7 @@ async def test_the_ca_bundle_as_the_webhook_publishes_it_is_allowed(
     try:
         manager = CertManager(
             ClientSecretStore(client),
-            CertConfig(service="kubeckpt-webhook", namespace=SYSTEM_NS, webhook_config_name=MWC),
+            cert_config(service="kubeckpt-webhook", namespace=SYSTEM_NS, webhook_config_name=MWC),
         )
         result = await manager.reconcile()
     finally:
