@@ -11,7 +11,7 @@ decide     the TrainingProgress status from a record and the stored status, and 
 lastcheckpoint
            the annotations that put the latest complete checkpoint on the job's pods, for
            checkpoint-aware preemption
-schedule   adaptive polling intervals and the global exec limiter
+schedule   adaptive polling intervals and the exec limiter (global, fair per namespace)
 trainjob   TrainJob support: the API noticed when installed later, status.trainerStatus
 policy_status
            each CheckpointPolicy's status: whether the webhook applies it

@@ -30,6 +30,7 @@ from reconciler.clock import REAL_CLOCK, Clock
 from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotFound
 from reconciler.exec import exec_command
+from reconciler.fairlimit import Busy
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of, object_key
 from reconciler.resources import NAMESPACES, PODS, Resource
@@ -267,7 +268,7 @@ class ProgressController:
         obs = Observation(pod=name_of(pod), source="exec")
         path = d.progress_path(container)
         try:
-            async with self.limiter.slot():
+            async with self.limiter.slot(namespace_of(pod)):
                 self.stats["reads"] += 1
                 data, _ = await read_file(
                     self.exec_fn,
@@ -334,7 +335,12 @@ class ProgressController:
                     # No read, but a pod created since (a restarted rank) gets the annotations.
                     await self._publish_checkpoint(key, prev_status)
                     return Result(requeue_after=max(state.next_poll - now, 0.01))
-                obs = await self._read(pod, container, kind)
+                try:
+                    obs = await self._read(pod, container, kind)
+                except Busy:
+                    # The namespace has its share of execs in flight (limiter.refused counts
+                    # these): read the job later, without holding a worker meanwhile.
+                    return Result(requeue_after=self.limiter.retry_after())
                 obs.outcome = outcome
                 if obs.error_reason in TRANSIENT_READ_ERRORS:
                     state.exec_failures += 1

@@ -69,6 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="least seconds without a step before Stalled",
     )
     ap.add_argument("--max-concurrent-execs", type=int, default=10)
+    ap.add_argument(
+        "--max-concurrent-execs-per-namespace",
+        type=int,
+        default=None,
+        help="execs in flight or waiting per namespace, so that one namespace's slow reads "
+        "cannot hold every slot (default: half of --max-concurrent-execs)",
+    )
     ap.add_argument("--exec-qps", type=float, default=20.0)
     ap.add_argument("--exec-burst", type=int, default=20)
     ap.add_argument("--exec-timeout", type=float, default=10.0)
@@ -125,7 +132,12 @@ async def run(args: argparse.Namespace) -> None:
     progress = ProgressController(
         manager,
         settings=settings_from(args),
-        limiter=ExecLimiter(args.max_concurrent_execs, args.exec_qps, args.exec_burst),
+        limiter=ExecLimiter(
+            args.max_concurrent_execs,
+            args.exec_qps,
+            args.exec_burst,
+            per_namespace=args.max_concurrent_execs_per_namespace,
+        ),
         exec_timeout=args.exec_timeout,
         workers=args.workers,
         trainjob_interval=args.trainjob_discovery_interval,
