@@ -16,6 +16,7 @@ trainjob   TrainJob support: the API noticed when installed later, status.traine
 policy_status
            each CheckpointPolicy's status: whether the webhook applies it
 metrics    the per-job Prometheus series, read from the controller's cache at scrape time
+trim       what the informer caches keep of each object (pods: only the fields read)
 controller the reconcile loop on the reconciler library's informers and manager
 main       the `kubeckpt-reconciler` entry point
 """

@@ -42,6 +42,7 @@ from .metrics import ProgressCollector
 from .reading import ExecFn, ReadError, parse, read_file
 from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
 from .trainjob import TRAINJOB_API_VERSION, TrainJobWatcher, trainer_status, trainer_status_server
+from .trim import strip_bookkeeping, trim_pod
 
 log = logging.getLogger("kubeckpt.progress")
 
@@ -118,7 +119,9 @@ class ProgressController:
         workers: int = 16,
         clock: Clock = REAL_CLOCK,
         trainjob_interval: float = 30.0,
+        trim: bool = True,
     ) -> None:
+        """`trim`: the caches keep only the fields the controller reads (`trim.py`)."""
         client = manager.client
         self.client = client
         self.settings = settings or PollSettings()
@@ -128,13 +131,15 @@ class ProgressController:
         self.clock = clock
         self.tp_api = client.api(TRAININGPROGRESSES)
         self.pod_api = client.api(PODS)
-        self.jobs = manager.informer(client.api(PYTORCHJOBS))
+        pod_trim, other_trim = (trim_pod, strip_bookkeeping) if trim else (None, None)
+        self.jobs = manager.informer(client.api(PYTORCHJOBS), transform=other_trim)
         self.pods = manager.informer(
             client.api(PODS),
             label_selector=f"{d.INJECTED_LABEL}=true",
             indexers={JOB_INDEX: pod_job_index},
+            transform=pod_trim,
         )
-        self.tps = manager.informer(self.tp_api)
+        self.tps = manager.informer(self.tp_api, transform=other_trim)
         # Training pods the webhook did not mark, to tell when one should have been injected:
         # one informer per kind's pod label (a label selector cannot OR two labels, and one
         # on `injected!=true` alone would cache every pod in the cluster).
@@ -143,11 +148,12 @@ class ProgressController:
                 client.api(PODS),
                 label_selector=f"{label},{d.INJECTED_LABEL}!=true",
                 indexers={JOB_INDEX: pod_job_index},
+                transform=pod_trim,
             )
             for label in sorted({k.name_label for k in d.JOB_KINDS})
         ]
-        self.namespaces = manager.informer(client.api(NAMESPACES))
-        self.policies = manager.informer(client.api(CHECKPOINTPOLICIES))
+        self.namespaces = manager.informer(client.api(NAMESPACES), transform=other_trim)
+        self.policies = manager.informer(client.api(CHECKPOINTPOLICIES), transform=other_trim)
         self.events = manager.event_recorder("kubeckpt-reconciler")
         self.controller = manager.controller("progress", self.reconcile, workers=workers)
         self.controller.watch(self.jobs, update_predicate=_job_changed)

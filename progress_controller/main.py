@@ -81,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--exec-timeout", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=16, help="reconciles at once (I/O bound)")
     ap.add_argument(
+        "--cache-trim",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cache only the fields the controller reads (default); --no-cache-trim: whole "
+        "objects, for comparison (docs/benchmarks.md)",
+    )
+    ap.add_argument(
         "--trainjob-discovery-interval",
         type=float,
         default=30.0,
@@ -141,6 +148,7 @@ async def run(args: argparse.Namespace) -> None:
         exec_timeout=args.exec_timeout,
         workers=args.workers,
         trainjob_interval=args.trainjob_discovery_interval,
+        trim=args.cache_trim,
     )
     PolicyStatusController(manager, progress.policies, progress.namespaces)
     install_signal_handlers(manager)

@@ -3,7 +3,7 @@
     client     Client (aiohttp transport, QPS limits, retries, typed errors, discovery)
     config     load_kubeconfig / load_incluster / load_config -> ClientConfig
     resources  Resource, ResourceClient (get/list/list_all/create/replace/patch/delete/apply/watch)
-    informer   Informer (list+watch, 410 relist with diff delivery, indexers), EventHandler
+    informer   Informer (list+watch, 410 relist diffs, indexers, transforms), EventHandler
     workqueue  WorkQueue (client-go semantics, delays, rate limiting), ratelimit (limiters)
     fairlimit  FairLimiter: concurrency and rate shared fairly between keys (tenants)
     controller Controller, Request, Result

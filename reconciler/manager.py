@@ -32,6 +32,7 @@ from .leaderelection import LeaderElectionConfig, LeaderElector
 from .metrics import Metrics
 from .metrics_auth import MetricsAuth
 from .resources import ResourceClient
+from .transform import Transform
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +93,24 @@ class Manager:
         label_selector: str | None = None,
         field_selector: str | None = None,
         indexers: dict[str, IndexFunc] | None = None,
+        transform: Transform | None = None,
         **kwargs: Any,
     ) -> Informer:
         """The shared informer for this resource and selection (one watch however many
-        controllers use it); `indexers` are added to it."""
+        controllers use it); `indexers` are added to it. `transform` trims what its cache
+        keeps (reconciler/transform.py); every user of a shared informer must ask for the same
+        one (a ValueError otherwise: one would read fields the other dropped)."""
         key = (api.resource, namespace, label_selector, field_selector)
         inf = self.informers.get(key)
+        if inf is not None and inf.transform is not transform:
+            raise ValueError(f"the informer {inf.name} exists with another transform")
         if inf is None:
             inf = Informer(
                 api,
                 namespace=namespace,
                 label_selector=label_selector,
                 field_selector=field_selector,
+                transform=transform,
                 **kwargs,
             )
             name = inf.name
