@@ -134,7 +134,8 @@ async def run(args: argparse.Namespace) -> None:
         port=args.port,
         metrics_port=args.metrics_port,
         metrics_tls=server_tls(args.metrics_cert_dir or None) if args.metrics_secure else None,
-        metrics_auth=MetricsAuth(client) if args.metrics_secure else None,
+        # Token reviews on a client and budget of their own (closed with the manager).
+        metrics_auth=MetricsAuth.with_own_client(client) if args.metrics_secure else None,
     )
     progress = ProgressController(
         manager,
