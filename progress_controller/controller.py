@@ -42,7 +42,7 @@ from .metrics import ProgressCollector
 from .reading import ExecFn, ReadError, parse, read_file
 from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
 from .trainjob import TRAINJOB_API_VERSION, TrainJobWatcher, trainer_status, trainer_status_server
-from .trim import strip_bookkeeping, trim_pod
+from .trim import POD_PAGE_SIZE, strip_bookkeeping, trim_pod
 
 log = logging.getLogger("kubeckpt.progress")
 
@@ -138,6 +138,7 @@ class ProgressController:
             label_selector=f"{d.INJECTED_LABEL}=true",
             indexers={JOB_INDEX: pod_job_index},
             transform=pod_trim,
+            page_size=POD_PAGE_SIZE,
         )
         self.tps = manager.informer(self.tp_api, transform=other_trim)
         # Training pods the webhook did not mark, to tell when one should have been injected:
@@ -149,6 +150,7 @@ class ProgressController:
                 label_selector=f"{label},{d.INJECTED_LABEL}!=true",
                 indexers={JOB_INDEX: pod_job_index},
                 transform=pod_trim,
+                page_size=POD_PAGE_SIZE,
             )
             for label in sorted({k.name_label for k in d.JOB_KINDS})
         ]

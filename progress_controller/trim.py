@@ -25,9 +25,15 @@ from trainer_runtime.contract.env import ALL_ENV_VARS
 
 from .trainjob import TRAINER_SERVER_ENV
 
-__all__ = ["strip_bookkeeping", "trim_pod"]
+__all__ = ["POD_PAGE_SIZE", "strip_bookkeeping", "trim_pod"]
 
 _ENV_READ = frozenset({*ALL_ENV_VARS, TRAINER_SERVER_ENV})
+
+# Pods are listed in pages of this many: a page is held whole (as sent, then decoded) while it is
+# trimmed, and what it took stays in the process's RSS (the allocator keeps it for reuse), so a
+# page of 500 pods of 40 KiB costs about 100 MiB at sync; 100 costs a fifth of that, for a few
+# more LIST requests (docs/benchmarks.md).
+POD_PAGE_SIZE = 100
 _POD_STATUS = ("phase", "reason", "containerStatuses")
 
 
