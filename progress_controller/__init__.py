@@ -11,11 +11,12 @@ decide     the TrainingProgress status from a record and the stored status, and 
 lastcheckpoint
            the annotations that put the latest complete checkpoint on the job's pods, for
            checkpoint-aware preemption
-schedule   adaptive polling intervals and the global exec limiter
+schedule   adaptive polling intervals and the exec limiter (global, fair per namespace)
 trainjob   TrainJob support: the API noticed when installed later, status.trainerStatus
 policy_status
            each CheckpointPolicy's status: whether the webhook applies it
 metrics    the per-job Prometheus series, read from the controller's cache at scrape time
+trim       what the informer caches keep of each object (pods: only the fields read)
 controller the reconcile loop on the reconciler library's informers and manager
 main       the `kubeckpt-reconciler` entry point
 """

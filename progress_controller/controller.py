@@ -30,6 +30,7 @@ from reconciler.clock import REAL_CLOCK, Clock
 from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotFound
 from reconciler.exec import exec_command
+from reconciler.fairlimit import Busy
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of, object_key
 from reconciler.resources import NAMESPACES, PODS, Resource
@@ -41,6 +42,7 @@ from .metrics import ProgressCollector
 from .reading import ExecFn, ReadError, parse, read_file
 from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
 from .trainjob import TRAINJOB_API_VERSION, TrainJobWatcher, trainer_status, trainer_status_server
+from .trim import POD_PAGE_SIZE, strip_bookkeeping, trim_pod
 
 log = logging.getLogger("kubeckpt.progress")
 
@@ -117,7 +119,9 @@ class ProgressController:
         workers: int = 16,
         clock: Clock = REAL_CLOCK,
         trainjob_interval: float = 30.0,
+        trim: bool = True,
     ) -> None:
+        """`trim`: the caches keep only the fields the controller reads (`trim.py`)."""
         client = manager.client
         self.client = client
         self.settings = settings or PollSettings()
@@ -127,13 +131,16 @@ class ProgressController:
         self.clock = clock
         self.tp_api = client.api(TRAININGPROGRESSES)
         self.pod_api = client.api(PODS)
-        self.jobs = manager.informer(client.api(PYTORCHJOBS))
+        pod_trim, other_trim = (trim_pod, strip_bookkeeping) if trim else (None, None)
+        self.jobs = manager.informer(client.api(PYTORCHJOBS), transform=other_trim)
         self.pods = manager.informer(
             client.api(PODS),
             label_selector=f"{d.INJECTED_LABEL}=true",
             indexers={JOB_INDEX: pod_job_index},
+            transform=pod_trim,
+            page_size=POD_PAGE_SIZE,
         )
-        self.tps = manager.informer(self.tp_api)
+        self.tps = manager.informer(self.tp_api, transform=other_trim)
         # Training pods the webhook did not mark, to tell when one should have been injected:
         # one informer per kind's pod label (a label selector cannot OR two labels, and one
         # on `injected!=true` alone would cache every pod in the cluster).
@@ -142,11 +149,13 @@ class ProgressController:
                 client.api(PODS),
                 label_selector=f"{label},{d.INJECTED_LABEL}!=true",
                 indexers={JOB_INDEX: pod_job_index},
+                transform=pod_trim,
+                page_size=POD_PAGE_SIZE,
             )
             for label in sorted({k.name_label for k in d.JOB_KINDS})
         ]
-        self.namespaces = manager.informer(client.api(NAMESPACES))
-        self.policies = manager.informer(client.api(CHECKPOINTPOLICIES))
+        self.namespaces = manager.informer(client.api(NAMESPACES), transform=other_trim)
+        self.policies = manager.informer(client.api(CHECKPOINTPOLICIES), transform=other_trim)
         self.events = manager.event_recorder("kubeckpt-reconciler")
         self.controller = manager.controller("progress", self.reconcile, workers=workers)
         self.controller.watch(self.jobs, update_predicate=_job_changed)
@@ -267,7 +276,7 @@ class ProgressController:
         obs = Observation(pod=name_of(pod), source="exec")
         path = d.progress_path(container)
         try:
-            async with self.limiter.slot():
+            async with self.limiter.slot(namespace_of(pod)):
                 self.stats["reads"] += 1
                 data, _ = await read_file(
                     self.exec_fn,
@@ -334,7 +343,12 @@ class ProgressController:
                     # No read, but a pod created since (a restarted rank) gets the annotations.
                     await self._publish_checkpoint(key, prev_status)
                     return Result(requeue_after=max(state.next_poll - now, 0.01))
-                obs = await self._read(pod, container, kind)
+                try:
+                    obs = await self._read(pod, container, kind)
+                except Busy:
+                    # The namespace has its share of execs in flight (limiter.refused counts
+                    # these): read the job later, without holding a worker meanwhile.
+                    return Result(requeue_after=self.limiter.retry_after())
                 obs.outcome = outcome
                 if obs.error_reason in TRANSIENT_READ_ERRORS:
                     state.exec_failures += 1

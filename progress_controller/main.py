@@ -69,10 +69,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="least seconds without a step before Stalled",
     )
     ap.add_argument("--max-concurrent-execs", type=int, default=10)
+    ap.add_argument(
+        "--max-concurrent-execs-per-namespace",
+        type=int,
+        default=None,
+        help="execs in flight or waiting per namespace, so that one namespace's slow reads "
+        "cannot hold every slot (default: half of --max-concurrent-execs)",
+    )
     ap.add_argument("--exec-qps", type=float, default=20.0)
     ap.add_argument("--exec-burst", type=int, default=20)
     ap.add_argument("--exec-timeout", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=16, help="reconciles at once (I/O bound)")
+    ap.add_argument(
+        "--cache-trim",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cache only the fields the controller reads (default); --no-cache-trim: whole "
+        "objects, for comparison (docs/benchmarks.md)",
+    )
     ap.add_argument(
         "--trainjob-discovery-interval",
         type=float,
@@ -120,15 +134,22 @@ async def run(args: argparse.Namespace) -> None:
         port=args.port,
         metrics_port=args.metrics_port,
         metrics_tls=server_tls(args.metrics_cert_dir or None) if args.metrics_secure else None,
-        metrics_auth=MetricsAuth(client) if args.metrics_secure else None,
+        # Token reviews on a client and budget of their own (closed with the manager).
+        metrics_auth=MetricsAuth.with_own_client(client) if args.metrics_secure else None,
     )
     progress = ProgressController(
         manager,
         settings=settings_from(args),
-        limiter=ExecLimiter(args.max_concurrent_execs, args.exec_qps, args.exec_burst),
+        limiter=ExecLimiter(
+            args.max_concurrent_execs,
+            args.exec_qps,
+            args.exec_burst,
+            per_namespace=args.max_concurrent_execs_per_namespace,
+        ),
         exec_timeout=args.exec_timeout,
         workers=args.workers,
         trainjob_interval=args.trainjob_discovery_interval,
+        trim=args.cache_trim,
     )
     PolicyStatusController(manager, progress.policies, progress.namespaces)
     install_signal_handlers(manager)

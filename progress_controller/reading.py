@@ -2,9 +2,10 @@
 
 The command is always an argv (`cat <path>`, the path from the pod's own env): no shell ever sees
 it. An image without `cat` (exit 127, or the runtime's "executable file not found") is read with
-`python3 -c` instead. At most MAX_PROGRESS_BYTES + 1 bytes are kept, so a huge file is recognised
-as too large without being held in memory. Every failure becomes a `ReadError` with a condition
-reason; the contract (`parse_progress`) validates what was read.
+`python3 -c` instead. At most MAX_PROGRESS_BYTES + 1 bytes are read: the exec stream is closed as
+soon as that many arrived (`stop_at_cap`), so a huge or endless file (`/dev/zero`) is recognised as
+too large without being held in memory or read for the whole timeout. Every failure becomes a
+`ReadError` with a condition reason; the contract (`parse_progress`) validates what was read.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ async def _run(
             list(argv),
             container=container,
             max_bytes=READ_CAP,
+            stop_at_cap=True,
             timeout=timeout,
         )
     except ExecTimeout as e:
@@ -101,6 +103,15 @@ async def read_file(
             )
     if result is None:
         raise ReadError("ExecFailed", f"exec in pod {pod} failed: {err}")
+    if result.stdout_truncated or len(result.stdout) > MAX_PROGRESS_BYTES:
+        # Before the exit code: a read stopped at the cap has none.
+        raise ReadError(
+            "ProgressFileTooLarge", f"{path} is over the limit of {MAX_PROGRESS_BYTES} bytes"
+        )
+    if result.exit_code is None:  # stopped because stderr passed the cap
+        raise ReadError(
+            "ProgressFileUnreadable", f"reading {path} wrote over {READ_CAP} bytes of errors"
+        )
     if result.exit_code != 0:
         stderr = _short(result.stderr)
         if "no such file" in stderr.lower():
@@ -109,12 +120,7 @@ async def read_file(
             "ProgressFileUnreadable",
             f"reading {path} exited with {result.exit_code}: {stderr or 'no output'}",
         )
-    data = result.stdout
-    if result.stdout_truncated or len(data) > MAX_PROGRESS_BYTES:
-        raise ReadError(
-            "ProgressFileTooLarge", f"{path} is over the limit of {MAX_PROGRESS_BYTES} bytes"
-        )
-    return data, fallback
+    return result.stdout, fallback
 
 
 def parse(data: bytes | str, what: str = "progress file") -> ProgressRecord:

@@ -1,4 +1,4 @@
-"""When to poll each job next, and the global bound on execs.
+"""When to poll each job next, and the bound on execs (global, and fair between namespaces).
 
 Intervals (the seed's): `early` while a job has not reported yet or is young, `recent` while its
 step changed lately, `stale` otherwise; never shorter than the file's own update period
@@ -8,14 +8,11 @@ apart). All of them are settings, so tests can run at 1 s.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import random
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from reconciler.clock import REAL_CLOCK, Clock
-from reconciler.ratelimit import TokenBucket
+from reconciler.fairlimit import FairLimiter
 
 
 @dataclass(frozen=True)
@@ -83,26 +80,32 @@ def stall_after(settings: PollSettings, period: float | None) -> float:
     return max(settings.stall_floor, settings.stall_periods * period)
 
 
-class ExecLimiter:
-    """At most `concurrency` execs at once and `rate` per second (burst `burst`) in all."""
+class ExecLimiter(FairLimiter):
+    """The bound on execs: at most `concurrency` at once and `rate` per second (burst `burst`) in
+    all, and at most `per_namespace` in flight or waiting per namespace (default: half the
+    slots), shared fairly between namespaces (reconciler.fairlimit).
+
+    A slot is held for the whole read, so without the per-namespace bound a few pods whose `cat`
+    is slow (or hangs until the exec timeout) held every slot and every other job's status
+    waited. Now one namespace holds at most its share; a read refused because its namespace is at
+    it (`Busy`) is tried again after `retry_after()`, without holding a worker meanwhile.
+    """
 
     def __init__(
-        self, concurrency: int = 10, rate: float = 20.0, burst: int = 20, clock: Clock = REAL_CLOCK
+        self,
+        concurrency: int = 10,
+        rate: float = 20.0,
+        burst: int = 20,
+        per_namespace: int | None = None,
+        clock: Clock = REAL_CLOCK,
+        busy_retry: float = 1.0,
     ) -> None:
-        self._sem = asyncio.Semaphore(concurrency)
-        self._bucket = TokenBucket(rate, burst, clock)
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.total = 0
+        per_ns = per_namespace if per_namespace else max(1, concurrency // 2)
+        super().__init__(concurrency, per_ns, rate, burst, clock)
+        self.per_namespace = per_ns
+        self.busy_retry = busy_retry
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        async with self._sem:
-            await self._bucket.wait()
-            self.in_flight += 1
-            self.total += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-            try:
-                yield
-            finally:
-                self.in_flight -= 1
+    def retry_after(self, rand: random.Random | None = None) -> float:
+        """Seconds until a read refused as Busy is tried again (jittered up to 2x, so that a
+        namespace's refused jobs do not all come back together)."""
+        return self.busy_retry * (1.0 + (rand or random).random())

@@ -3,8 +3,9 @@
     client     Client (aiohttp transport, QPS limits, retries, typed errors, discovery)
     config     load_kubeconfig / load_incluster / load_config -> ClientConfig
     resources  Resource, ResourceClient (get/list/list_all/create/replace/patch/delete/apply/watch)
-    informer   Informer (list+watch, 410 relist with diff delivery, indexers), EventHandler
+    informer   Informer (list+watch, 410 relist diffs, indexers, transforms), EventHandler
     workqueue  WorkQueue (client-go semantics, delays, rate limiting), ratelimit (limiters)
+    fairlimit  FairLimiter: concurrency and rate shared fairly between keys (tenants)
     controller Controller, Request, Result
     manager    Manager (informers, controllers, leader election, /healthz /readyz /metrics)
     leaderelection  LeaderElector on coordination.k8s.io Leases
@@ -42,6 +43,7 @@ from .errors import (
 )
 from .events import EventRecorder
 from .exec import ExecError, ExecResult, ExecTimeout, exec_command
+from .fairlimit import Busy, FairLimiter
 from .informer import EventHandler, Informer, enqueue_keys
 from .leaderelection import LeaderElectionConfig, LeaderElector
 from .manager import Manager, install_signal_handlers
@@ -66,6 +68,7 @@ __all__ = [
     "Backoff",
     "BadRequest",
     "BucketRateLimiter",
+    "Busy",
     "Client",
     "ClientConfig",
     "Clock",
@@ -76,6 +79,7 @@ __all__ = [
     "ExecError",
     "ExecResult",
     "ExecTimeout",
+    "FairLimiter",
     "FakeClock",
     "Forbidden",
     "Gone",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import email.utils
 import json
 import logging
@@ -63,6 +64,17 @@ class Client:
         # (method, code) -> count; code "error" for transport failures. Read by the metrics.
         self.request_counts: Counter[tuple[str, str]] = Counter()
         self.retries = 0
+
+    def derived(self, **overrides: Any) -> Client:
+        """A client for the same server and credentials with `overrides` of its configuration
+        (ClientConfig's fields: qps, burst, max_connections, user_agent, ...) and a session,
+        connection pool and rate limit of its own, so that its requests never wait behind this
+        client's, nor this client's behind its own (client-go: a second rest.Config, as
+        controller-runtime's leader election uses). Its requests are counted in this client's
+        `request_counts` (one set of metrics). Close it as any client."""
+        other = Client(dataclasses.replace(self.config, **overrides), clock=self._clock)
+        other.request_counts = self.request_counts
+        return other
 
     @classmethod
     def from_kubeconfig(cls, path: Any = None, context: str | None = None, **kw: Any) -> Client:

@@ -4,8 +4,11 @@
   `ExecResult.protocol`). Each binary frame starts with a channel byte: 0 stdin, 1 stdout,
   2 stderr, 3 error (a Status JSON when the command ends), 255 close (v5: we close stdin with it).
 - The command is an argv list, sent as repeated `command=` parameters: never a shell string.
-- stdout and stderr are kept apart, each up to `max_bytes` (the rest is read and dropped, and the
-  result says it was truncated), so a chatty command cannot exhaust memory.
+- stdout and stderr are kept apart, each up to `max_bytes`, so a chatty command cannot exhaust
+  memory. By default the rest is read and dropped up to the exit status (the result says it was
+  truncated); with `stop_at_cap` the stream is closed as soon as either cap is passed, so a
+  command whose output never ends (`cat /dev/zero`) costs the cap, not the whole timeout; the
+  result then has no exit code.
 - The exit code comes from the error channel: Success is 0; a kubelet sends reason
   NonZeroExitCode with an ExitCode cause. KWOK (the fake kubelet of our local control plane)
   sends an InternalError whose message ends in Go's "exit status N" or "signal: NAME"; we parse
@@ -125,6 +128,8 @@ def executable_not_found(err: BaseException | None, result: ExecResult | None) -
 
 
 class _Sink:
+    """Keeps the first `cap` bytes; `truncated` once more arrived (the first byte past the cap)."""
+
     def __init__(self, cap: int) -> None:
         self.buf = bytearray()
         self.cap = cap
@@ -148,10 +153,14 @@ async def exec_command(
     stdin: bytes | None = None,
     timeout: float = 30.0,  # noqa: ASYNC109 - bounds the whole exchange, documented
     max_bytes: int = 1 << 20,
+    stop_at_cap: bool = False,
     protocols: Sequence[str] = PROTOCOLS,
 ) -> ExecResult:
     """Run `argv` in the pod and return its output and exit code (raises ExecError if it could
     not run, ExecTimeout after `timeout`, ApiError for the request itself, e.g. NotFound).
+
+    With `stop_at_cap`, the first byte past `max_bytes` on stdout or stderr ends the exchange:
+    the connection is closed at once and the result (truncated, `exit_code` None) returned.
 
     With `stdin`, the bytes are sent and, on v5, stdin is then closed; v4 has no way to close
     stdin, so a command that reads to EOF would wait for the timeout there."""
@@ -181,18 +190,23 @@ async def exec_command(
             result.protocol = ws.protocol or ""
             if stdin is not None:
                 await _send_stdin(ws, stdin, close=result.protocol.startswith("v5."))
-            status = await _read(ws, out, err)
+            status = await _read(ws, out, err, stop_at_cap=stop_at_cap)
     except TimeoutError:
         raise ExecTimeout(
             f"exec in {namespace}/{pod} timed out after {timeout}s", snapshot()
         ) from None
     finally:
         if ws is not None:
-            # The server has closed already unless we time out; then do not wait on its reply.
+            # The server has closed already unless we time out or stopped at the cap; then do
+            # not wait on its reply (on expiry aiohttp drops the connection). At the cap the
+            # command may still be writing: its close is not waited for at all beyond a moment.
+            stopped = stop_at_cap and (out.truncated or err.truncated)
             with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-                async with asyncio.timeout(1.0):
+                async with asyncio.timeout(0.1 if stopped else 1.0):
                     await ws.close()
     snapshot()
+    if stop_at_cap and (out.truncated or err.truncated):
+        return result  # ended by us: no exit status, the output says why
     if status is None:
         raise ExecError(f"exec in {namespace}/{pod}: the connection closed without a status")
     result.status = status
@@ -211,7 +225,7 @@ async def _send_stdin(ws: aiohttp.ClientWebSocketResponse, data: bytes, *, close
 
 
 async def _read(
-    ws: aiohttp.ClientWebSocketResponse, out: _Sink, err: _Sink
+    ws: aiohttp.ClientWebSocketResponse, out: _Sink, err: _Sink, *, stop_at_cap: bool = False
 ) -> dict[str, Any] | None:
     status: dict[str, Any] | None = None
     error_bytes = bytearray()
@@ -226,6 +240,8 @@ async def _read(
             err.write(payload)
         elif channel == ERROR and len(error_bytes) < 65536:
             error_bytes += payload
+        if stop_at_cap and (out.truncated or err.truncated):
+            return None
     if error_bytes:
         try:
             status = json.loads(bytes(error_bytes))

@@ -8,6 +8,9 @@
   deliver the differences between the cache and the new list as synthetic adds, updates and
   deletes, so handlers converge on the server's state with nothing missed.
 - Failures back off with jitter (0.8 s doubling to 30 s).
+- `transform` (client-go's SetTransform, reconciler/transform.py) is applied to every object
+  before it enters the cache or reaches a handler, LIST pages as they arrive: the cache holds
+  only the fields the controller reads.
 
 Handlers run inline in the informer's task and must not block: they should only enqueue keys.
 """
@@ -29,6 +32,7 @@ from .errors import ApiError, Gone, TransportError
 from .objects import KubeObject, object_key, resource_version
 from .ratelimit import Backoff
 from .resources import ResourceClient, WatchEvent
+from .transform import Transform
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +85,10 @@ class Informer:
         clock: Clock = REAL_CLOCK,
         rng: random.Random | None = None,
         name: str | None = None,
+        transform: Transform | None = None,
     ) -> None:
         self.api = api
+        self.transform = transform
         self.namespace = namespace
         self.label_selector = label_selector
         self.field_selector = field_selector
@@ -150,6 +156,7 @@ class Informer:
             label_selector=self.label_selector,
             field_selector=self.field_selector,
             page_size=self.page_size,
+            transform=self.transform,
         )
         self.stats.lists += 1
         if self._listed_once:
@@ -206,6 +213,8 @@ class Informer:
     def _apply(self, event: WatchEvent) -> None:
         obj = event.object
         self.stats.events[event.type] += 1
+        if self.transform is not None and event.type in ("ADDED", "MODIFIED", "DELETED"):
+            obj = self.transform(obj)
         if event.type in ("ADDED", "MODIFIED"):
             _, old = self.store.put(obj)
             if old is None:

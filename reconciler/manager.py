@@ -32,6 +32,7 @@ from .leaderelection import LeaderElectionConfig, LeaderElector
 from .metrics import Metrics
 from .metrics_auth import MetricsAuth
 from .resources import ResourceClient
+from .transform import Transform
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class Manager:
     ) -> None:
         """`metrics_port`: serve /metrics there instead of beside the probes, over TLS with
         `metrics_tls` and, with `metrics_auth`, only to callers the API server allows
-        (metrics_auth.py). The probes stay plain HTTP on `port`: the kubelet probes them."""
+        (metrics_auth.py; closed with the manager). The probes stay plain HTTP on `port`: the
+        kubelet probes them."""
         self.client = client
         self.name = name
         self.metrics = metrics or Metrics()
@@ -66,8 +68,15 @@ class Manager:
         self.metrics_tls = metrics_tls
         self.metrics_auth = metrics_auth
         self.drain_timeout = drain_timeout
+        # The elector has a client (session, pool, rate limit) of its own: a Lease renewal never
+        # waits behind the controllers' requests or /metrics' token reviews.
         self.elector = (
-            LeaderElector(client, leader_election) if leader_election is not None else None
+            LeaderElector(
+                client.derived(user_agent=f"{client.config.user_agent} leader-election"),
+                leader_election,
+            )
+            if leader_election is not None
+            else None
         )
         if self.elector is not None:
             self.metrics.electors[leader_election.lease_name] = self.elector  # type: ignore[union-attr]
@@ -92,18 +101,24 @@ class Manager:
         label_selector: str | None = None,
         field_selector: str | None = None,
         indexers: dict[str, IndexFunc] | None = None,
+        transform: Transform | None = None,
         **kwargs: Any,
     ) -> Informer:
         """The shared informer for this resource and selection (one watch however many
-        controllers use it); `indexers` are added to it."""
+        controllers use it); `indexers` are added to it. `transform` trims what its cache
+        keeps (reconciler/transform.py); every user of a shared informer must ask for the same
+        one (a ValueError otherwise: one would read fields the other dropped)."""
         key = (api.resource, namespace, label_selector, field_selector)
         inf = self.informers.get(key)
+        if inf is not None and inf.transform is not transform:
+            raise ValueError(f"the informer {inf.name} exists with another transform")
         if inf is None:
             inf = Informer(
                 api,
                 namespace=namespace,
                 label_selector=label_selector,
                 field_selector=field_selector,
+                transform=transform,
                 **kwargs,
             )
             name = inf.name
@@ -190,6 +205,8 @@ class Manager:
                 t.cancel()
             await asyncio.gather(stop, *background, return_exceptions=True)
             await self._stop_http()
+            if self.elector is not None:
+                await self.elector.client.close()  # its own (derived) client, last
 
     async def _lead(self) -> None:
         """Run while leading: wait for the caches, then controllers and leader-only runnables."""
@@ -244,6 +261,8 @@ class Manager:
             if runner is not None:
                 await runner.cleanup()
         self._runner = self._metrics_runner = None
+        if self.metrics_auth is not None:
+            await self.metrics_auth.close()
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -46,6 +46,11 @@ class TokenBucket:
             return True
         return False
 
+    def delay(self) -> float:
+        """Seconds until a token is available (0 when one is); takes nothing."""
+        self._refill()
+        return 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self.rate
+
     async def wait(self) -> None:
         delay = self.reserve()
         if delay > 0:

@@ -4,7 +4,7 @@ pagination and watch streams, over plain dicts."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -160,10 +160,13 @@ class ResourceClient:
         field_selector: str | None = None,
         page_size: int | None = 500,
         max_restarts: int = 2,
+        transform: Callable[[KubeObject], KubeObject] | None = None,
     ) -> ListResult:
         """A consistent LIST in pages of `page_size`. A continue token can expire (410) when etcd
         compacts between pages: the list then starts again, and after `max_restarts` expiries it
-        is done in one request without pagination (client-go's pager falls back the same way)."""
+        is done in one request without pagination (client-go's pager falls back the same way).
+        `transform` is applied to each item as its page arrives (an informer's trim), so the
+        whole list is never held as the API sent it."""
         restarts = 0
         while True:
             limit = page_size if restarts < max_restarts else None
@@ -180,8 +183,10 @@ class ResourceClient:
                         continue_=cont,
                     )
                     pages += 1
-                    items.extend(page.get("items") or [])
+                    page_items = page.get("items") or []
+                    items.extend(map(transform, page_items) if transform else page_items)
                     md = page.get("metadata") or {}
+                    del page, page_items  # the untrimmed page goes before the next one comes
                     cont = md.get("continue") or None
                     if not cont:
                         return ListResult(

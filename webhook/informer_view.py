@@ -14,6 +14,7 @@ from typing import Any
 from kubeckpt_api.groupversion import API_VERSION, CHECKPOINT_POLICY, TRAINING_PROGRESS
 from reconciler.client import Client
 from reconciler.informer import Informer
+from reconciler.transform import strip_bookkeeping
 
 
 class InformerView:
@@ -30,7 +31,8 @@ class InformerView:
         }
         for key, (api_version, plural) in specs.items():
             api = await self._client.api_for(api_version, plural)
-            inf = Informer(api, name=f"webhook-{plural}")
+            # managedFields and kubectl's last-applied copy: never read, often most of the bytes.
+            inf = Informer(api, name=f"webhook-{plural}", transform=strip_bookkeeping)
             self._informers[key] = inf
             self._tasks.append(asyncio.create_task(inf.run(), name=f"informer-{plural}"))
 

@@ -91,6 +91,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     tasks: list[asyncio.Task[None]] = []
     client = Client.from_kubeconfig(args.kubeconfig) if args.kubeconfig else Client.auto()
     view = InformerView(client)
+    # Token reviews for /metrics on a client and budget of their own (reconciler/metrics_auth.py).
+    metrics_auth = MetricsAuth.with_own_client(client) if args.metrics_auth else None
     try:
         if args.cert_mode == "self":
             certs = CertManager(
@@ -115,7 +117,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             metrics=Metrics(),
             has_certificate=tls.has_certificate,
             runtime_image=args.runtime_image,
-            metrics_auth=MetricsAuth(client) if args.metrics_auth else None,
+            metrics_auth=metrics_auth,
         )
         await tls.wait_ready()
         runner = await serve(app, args.bind_address, args.port, tls.context)
@@ -131,6 +133,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await view.stop()
+        if metrics_auth is not None:
+            await metrics_auth.close()
         await client.close()
 
 

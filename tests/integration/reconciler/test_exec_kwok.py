@@ -1,8 +1,12 @@
 """Exec into KWOK pods through the real API server (websocket v5, and v4 when only it is offered):
-exact bytes, exit codes, separate stderr, the byte cap and the timeout."""
+exact bytes, exit codes, separate stderr, the byte cap (and the stream closed at it) and the
+timeout."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -10,6 +14,7 @@ import pytest
 from conftest import run_pod, wait_exec_ready
 
 from localcluster import LocalCluster
+from progress_controller.reading import READ_CAP, ReadError, read_file
 from reconciler.client import Client
 from reconciler.errors import NotFound
 from reconciler.exec import ExecError, ExecTimeout, exec_command
@@ -118,3 +123,62 @@ async def test_errors_when_the_command_cannot_run(
     assert "no-such-command-here" in str(e.value)
     with pytest.raises(NotFound):
         await exec_command(client, ns, "no-such-pod", ["true"])
+
+
+def _commands_in(workdir: Path, argv: list[str]) -> list[int]:
+    """Pids of this host's processes running `argv` in `workdir` (KWOK runs execs locally)."""
+    want = "\0".join(argv).encode() + b"\0"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if Path(f"/proc/{entry}/cmdline").read_bytes() == want and os.readlink(
+                f"/proc/{entry}/cwd"
+            ) == str(workdir):
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.parametrize("protocol", ["v5.channel.k8s.io", "v4.channel.k8s.io"])
+async def test_an_endless_command_is_closed_at_the_cap(
+    client: Client, pod: tuple[str, str, Path], protocol: str
+) -> None:
+    """`cat /dev/zero` (a progress path that never ends) with stop_at_cap: at most the cap is
+    read and the stream is closed at once, in far less than the timeout."""
+    ns, name, workdir = pod
+    started = time.monotonic()
+    r = await exec_command(
+        client,
+        ns,
+        name,
+        ["cat", "/dev/zero"],
+        max_bytes=READ_CAP,
+        stop_at_cap=True,
+        timeout=30,
+        protocols=[protocol],
+    )
+    elapsed = time.monotonic() - started
+    assert elapsed < 5.0, f"{elapsed:.1f}s for a 30 s timeout"
+    assert r.stdout_truncated and len(r.stdout) == READ_CAP and r.stdout == bytes(READ_CAP)
+    assert r.exit_code is None
+    # The command itself is the node's: neither KWOK nor a real runtime ends it because the
+    # client went (kubernetes/kubernetes#89031); this test started it, so it ends it.
+    for pid in _commands_in(workdir, ["cat", "/dev/zero"]):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_the_progress_reader_on_an_endless_file(
+    client: Client, pod: tuple[str, str, Path]
+) -> None:
+    """The progress controller's read of /dev/zero: ProgressFileTooLarge, in far less than its
+    exec timeout."""
+    ns, name, _ = pod
+    started = time.monotonic()
+    with pytest.raises(ReadError) as e:
+        await read_file(exec_command, client, ns, name, None, "/dev/zero", timeout=30)
+    assert e.value.reason == "ProgressFileTooLarge"
+    assert time.monotonic() - started < 5.0

@@ -17,8 +17,9 @@ class FakeExec:
         self.results = list(results)
         self.calls: list[list[str]] = []
 
-    async def __call__(self, client, ns, pod, argv, *, container, max_bytes, timeout):  # noqa: ASYNC109
+    async def __call__(self, client, ns, pod, argv, *, container, max_bytes, stop_at_cap, timeout):  # noqa: ASYNC109
         assert isinstance(argv, list) and max_bytes == READ_CAP
+        assert stop_at_cap is True  # an endless file costs the cap, not the timeout
         self.calls.append(argv)
         r = self.results.pop(0)
         if isinstance(r, BaseException):
@@ -66,6 +67,16 @@ async def test_no_reader_at_all() -> None:
         (
             ExecResult(stdout=b"x" * READ_CAP, exit_code=0, stdout_truncated=True),
             "ProgressFileTooLarge",
+        ),
+        # Stopped at the cap (exec_command's stop_at_cap): no exit status, stdout truncated.
+        (
+            ExecResult(stdout=b"\0" * READ_CAP, exit_code=None, stdout_truncated=True),
+            "ProgressFileTooLarge",
+        ),
+        # Stopped because stderr passed the cap: unreadable, not "missing" or "too large".
+        (
+            ExecResult(stdout=GOOD, stderr=b"e" * READ_CAP, stderr_truncated=True),
+            "ProgressFileUnreadable",
         ),
         (ExecTimeout("slow", ExecResult()), "ExecTimeout"),
         (ExecError("container not running"), "ExecFailed"),

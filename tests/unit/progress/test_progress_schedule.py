@@ -49,11 +49,20 @@ def test_stall_window() -> None:
 
 
 async def test_limiter_bounds_concurrency() -> None:
-    lim = ExecLimiter(concurrency=3, rate=1000, burst=1000)
+    lim = ExecLimiter(concurrency=3, rate=1000, burst=1000, per_namespace=20)
 
     async def one() -> None:
-        async with lim.slot():
+        async with lim.slot("ns"):
             await asyncio.sleep(0.01)
 
     await asyncio.gather(*(one() for _ in range(20)))
     assert lim.max_in_flight == 3 and lim.total == 20 and lim.in_flight == 0
+
+
+def test_exec_limiter_shares_by_namespace() -> None:
+    assert ExecLimiter(concurrency=10).per_namespace == 5  # half the slots by default
+    assert ExecLimiter(concurrency=1).per_namespace == 1
+    assert ExecLimiter(concurrency=10, per_namespace=3).per_namespace == 3
+    lim = ExecLimiter()
+    retries = [lim.retry_after(random.Random(i)) for i in range(100)]
+    assert all(1.0 <= r < 2.0 for r in retries) and len(set(retries)) > 90

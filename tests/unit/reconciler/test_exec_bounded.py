@@ -5,6 +5,7 @@ or a dropped connection do; after many failing execs the client must hold no ope
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -39,6 +40,10 @@ async def server() -> AsyncIterator[tuple[Client, int]]:
         elif mode == "garbage-status":  # an error channel that is not JSON
             await ws.send_bytes(bytes([ERROR]) + b"{not json")
             await ws.close()
+        elif mode == "endless":  # `cat /dev/zero`: output that never ends
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                while not ws.closed:
+                    await ws.send_bytes(bytes([STDOUT]) + bytes(32 * 1024))
         elif mode == "ignore-close":  # the status, then the stream neither ends nor closes
             body = json.dumps({"metadata": {}, "status": "Success"}).encode()
             await ws.send_bytes(bytes([ERROR]) + body)
@@ -94,3 +99,24 @@ async def test_failing_execs_end_in_time_and_leave_no_open_stream(
     assert outcomes["ignore-close"] == {"timeout b''"}  # the stream never ended
     await asyncio.sleep(0.2)
     assert _established_to(port) == 0, "an exec stream was left open"
+
+
+async def test_stop_at_cap_closes_an_endless_stream_at_once(server: tuple[Client, int]) -> None:
+    """A progress path that never ends (/dev/zero) costs the cap, not the timeout: the stream is
+    closed as soon as the cap is passed, and nothing is left open."""
+    client, port = server
+    cap = 100_000
+    started = time.monotonic()
+    r = await exec_command(
+        client, "ns", "p", ["endless"], max_bytes=cap, stop_at_cap=True, timeout=30
+    )
+    elapsed = time.monotonic() - started
+    assert elapsed < 2.0, elapsed  # far less than the 30 s timeout
+    assert r.stdout_truncated and len(r.stdout) == cap and r.stdout == bytes(cap)
+    assert r.exit_code is None
+    # Without stop_at_cap the same stream runs into the timeout (the rest read and dropped).
+    with pytest.raises(ExecTimeout) as e:
+        await exec_command(client, "ns", "p", ["endless"], max_bytes=cap, timeout=1.0)
+    assert e.value.partial.stdout_truncated and len(e.value.partial.stdout) == cap
+    await asyncio.sleep(0.2)
+    assert _established_to(port) == 0, "the exec stream was left open"
