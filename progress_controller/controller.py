@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from kubeckpt_api import status_bounds as bounds
 from kubeckpt_api.groupversion import CHECKPOINT_POLICY, TRAINING_PROGRESS
 from kubeckpt_api.optin import opted_in, select_policy
 from reconciler.apply import apply_status, status_patch
@@ -347,17 +348,17 @@ class ProgressController:
                 obs = Observation(pod=pod_name, outcome=outcome)
             obs.new_pod = state.new_pod
             state.pod, state.pod_uid = pod_name, pod_uid
-        rec_step_seconds = obs.record.step_seconds_value() if obs.record else None
-        if rec_step_seconds is None:
-            try:
-                rec_step_seconds = float(prev_status.get("stepSeconds") or 0) or None
-            except ValueError:
-                rec_step_seconds = None
+        # Only a stepSeconds in range sizes polling and the stall window (status_bounds).
+        if obs.record is not None and obs.record.step_seconds is not None:
+            rec_step_seconds = bounds.step_seconds(obs.record.step_seconds)
+        else:
+            rec_step_seconds = bounds.step_seconds(prev_status.get("stepSeconds"))
         period = update_period(rec_step_seconds, frequency)
         if running:
             obs.stall_after = stall_after(self.settings, period)
         obs.not_injected = missed
         obs.suspended = suspended
+        obs.job_created = d.created(job)
         decision = decide(prev_status, obs, datetime.now(UTC))
         if hold:
             self.stats["skipped_writes"] += 1

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from kubeckpt_api.jobkinds import JOB_KINDS, PYTORCHJOB, TRAINJOB, JobKind, job_identity
 from kubeckpt_api.optin import INJECTED_LABEL, STATUS_ANNOTATION
 from reconciler.objects import KubeObject
+from trainer_runtime.contract.progress import parse_rfc3339
 
 __all__ = ["JOB_KINDS", "PYTORCHJOB", "TRAINJOB", "JobKind"]
 
@@ -133,6 +135,14 @@ def job_outcome(job: KubeObject) -> str | None:
         if c.get("status") == "True" and c.get("type") == "Failed":
             return "Failed"
     return None
+
+
+def created(job: KubeObject) -> datetime | None:
+    """The job's creationTimestamp, when it has a readable one."""
+    try:
+        return parse_rfc3339((job.get("metadata") or {}).get("creationTimestamp") or "")
+    except ValueError:
+        return None
 
 
 def suspended(job: KubeObject, kind: JobKind) -> bool:
