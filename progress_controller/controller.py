@@ -268,7 +268,9 @@ class ProgressController:
         mine = self._written.get(key)
         if self._mine(mine, key, job):
             return mine, False
-        return None, bool(cached)
+        # Owned by another UID: a deleted job's, which the garbage collector removes. One with no
+        # owner (made by hand) is not waited for: its name is just taken.
+        return None, any(owner_uid(tp) not in (None, _uid(job)) for tp in cached)
 
     async def _ensure_tp(
         self, key: str, job: KubeObject, kind: d.JobKind
