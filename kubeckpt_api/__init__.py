@@ -9,6 +9,8 @@ package may import, never the reverse).
     policy_model  the CheckpointPolicy schema as pydantic models, and its one-line errors
     status        TrainingProgress conditions, their vocabulary, and the one-word state
     status_model  the status fields a progress record gives, fitted to the CRD's schema
+    status_bounds the ranges a record's numbers must keep to before they size anything
+    status_identity  which TrainingProgress is a job's (spec.jobRef), and a new one's name
 
 `__version__` is trainer_runtime's: the runtime image holds trainer_runtime alone (no installed
 distribution, so no metadata to read a version from) and must still know its version, so that

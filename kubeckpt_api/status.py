@@ -22,6 +22,10 @@ PROGRESSING, STALLED, CHECKPOINTING, COMPLETED = (
     "Completed",
 )
 INJECTED = "Injected"  # only once a pod of the job was created without injection
+# Only once a pod carried the job's labels without being the job's own (ForeignPod).
+PODS_OWNED = "PodsOwned"
+# Only once a record held a value out of range (kubeckpt_api.status_bounds: not used).
+VALUES_IN_RANGE = "ValuesInRange"
 MAX_CONDITION_MESSAGE = 1024
 # Every value of `status.state` (the STATE column), as `state_of` derives it.
 STATES = ("Pending", "Training", "Stalled", "Suspended", "Succeeded", "Failed", "Unknown")

@@ -249,8 +249,9 @@ async def checkpoints(
     *,
     timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - passed on
     out: TextIO = sys.stdout,
+    kind: str | None = None,
 ) -> int:
-    tp = await cluster.get_progress(job, namespace)
+    tp = await cluster.find_progress(job, namespace, kind)
     pod = await find_pod(cluster, tp)
     kind = ((tp.get("spec") or {}).get("jobRef") or {}).get("kind")
     container = container_of(pod, kind)

@@ -15,7 +15,8 @@ from reconciler.errors import NotFound, ResourceNotFound
 from reconciler.resources import EVENTS, PODS, Resource
 
 from .connection import Target
-from .errors import EXIT_NOT_FOUND, CliError, api_call
+from .errors import EXIT_NOT_FOUND, EXIT_USAGE, CliError, api_call
+from .view import clean
 
 TP_API_VERSION = TRAINING_PROGRESS.api_version
 TP_RESOURCE = TRAINING_PROGRESS.crd_name
@@ -37,19 +38,14 @@ class Cluster:
                 self._tp = await self.client.resource(TP_API_VERSION, TRAINING_PROGRESS.plural)
         return self._tp
 
-    async def get_progress(self, name: str, namespace: str) -> dict[str, Any]:
-        res = await self.tp_resource(namespace)
-        try:
-            with self.call("get", TP_RESOURCE, namespace):
-                return await self.client.api(res).get(name, namespace)
-        except CliError as e:
-            if e.code == EXIT_NOT_FOUND:
-                raise CliError(
-                    f'no training job "{name}" in namespace "{namespace}" (no TrainingProgress '
-                    "of that name): check -n, or list the jobs with `kubeckpt status -A`",
-                    EXIT_NOT_FOUND,
-                ) from None
-            raise
+    async def find_progress(
+        self, job: str, namespace: str, kind: str | None = None
+    ) -> dict[str, Any]:
+        """The TrainingProgress of the job named `job` (of `kind` when given), found by its
+        spec.jobRef: a PyTorchJob and a TrainJob may share a name, and then their
+        TrainingProgress objects do not (`llama`, `llama-trainjob`)."""
+        items, _ = await self.list_progress(namespace)
+        return choose_progress(items, job, namespace, kind)
 
     async def list_progress(
         self, namespace: str | None, name: str | None = None
@@ -122,6 +118,42 @@ class Cluster:
                 e for e in result.items if (e.get("involvedObject") or {}).get("kind") in kinds
             ]
         return sorted(found, key=_event_time)
+
+
+def _ref(tp: dict[str, Any]) -> tuple[str, str]:
+    ref = (tp.get("spec") or {}).get("jobRef") or {}
+    if not isinstance(ref, dict):
+        return "", ""
+    return str(ref.get("kind") or ""), str(ref.get("name") or "")
+
+
+def choose_progress(
+    items: list[dict[str, Any]], job: str, namespace: str, kind: str | None = None
+) -> dict[str, Any]:
+    """The one TrainingProgress among `items` (one namespace's) for the job named `job`: by
+    spec.jobRef (kind and name), else, for an object whose jobRef names no job, by its own name
+    (`kubectl get tp` shows those names). Several kinds' jobs of that name and no `kind`: a
+    usage error that lists the kinds; none: not found."""
+    by_ref = [tp for tp in items if _ref(tp)[1] == job and kind in (None, _ref(tp)[0])]
+    if not by_ref:
+        named = (tp for tp in items if tp["metadata"].get("name") == job)
+        by_ref = [tp for tp in named if kind in (None, _ref(tp)[0])]
+    kinds = sorted({_ref(tp)[0] or "?" for tp in by_ref})
+    if len(kinds) > 1:
+        raise CliError(
+            f'several jobs are named "{clean(job)}" in namespace "{namespace}" '
+            f"({', '.join(clean(k) for k in kinds)}): choose one with --kind",
+            EXIT_USAGE,
+        )
+    if not by_ref:
+        what = f"{clean(kind)} " if kind else "training job "
+        raise CliError(
+            f'no {what}"{clean(job)}" in namespace "{namespace}" (no TrainingProgress of that '
+            "name): check -n, or list the jobs with `kubeckpt status -A`",
+            EXIT_NOT_FOUND,
+        )
+    # Two of one kind: a deleted job's, about to be garbage-collected, and its successor's.
+    return max(by_ref, key=lambda tp: str(tp["metadata"].get("creationTimestamp", "")))
 
 
 def _belongs(pod: dict[str, Any], kind: str, name: str) -> bool:

@@ -177,9 +177,15 @@ def _indent(text: str, by: str = "  ") -> list[str]:
 
 
 async def describe(
-    cluster: Cluster, namespace: str, job: str, fmt: str, out: TextIO = sys.stdout
+    cluster: Cluster,
+    namespace: str,
+    job: str,
+    fmt: str,
+    out: TextIO = sys.stdout,
+    *,
+    kind: str | None = None,
 ) -> int:
-    tp = await cluster.get_progress(job, namespace)
+    tp = await cluster.find_progress(job, namespace, kind)
     ref = (tp.get("spec") or {}).get("jobRef") or {}
     kind = ref.get("kind")
     job_obj = await cluster.job(tp)

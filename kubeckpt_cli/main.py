@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from kubeckpt_api import __version__
+from kubeckpt_api.jobkinds import JOB_KINDS
 
 from .errors import (
     EXIT_CODES_HELP,
@@ -25,6 +26,9 @@ from .errors import (
     CliError,
 )
 from .output import FORMATS
+
+# The job kinds served (kubeckpt_api.jobkinds): `--kind` picks one of same-named jobs.
+KINDS = tuple(k.kind for k in JOB_KINDS)
 
 PROG = "kubeckpt"
 
@@ -46,6 +50,12 @@ def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
     g.add_argument("--context", default=d(None), help="kubeconfig context to use")
     g.add_argument(
         "-o", "--output", choices=FORMATS, default=d("table"), help="output format (table)"
+    )
+    g.add_argument(
+        "--kind",
+        choices=KINDS,
+        default=d(None),
+        help="the job's kind, when jobs of several kinds share its name (status: only that kind)",
     )
 
 
@@ -112,17 +122,18 @@ async def _run(args: argparse.Namespace) -> int:
     namespace = None if args.all_namespaces else (args.namespace or target.namespace)
     async with client_for(target) as client:
         cluster = Cluster(client, target)
+        kind = args.kind
         if args.command == "status":
             job = args.job
             if args.watch:
-                return await watch(cluster, namespace, job)
-            return await status(cluster, namespace, job, args.output)
+                return await watch(cluster, namespace, job, kind=kind)
+            return await status(cluster, namespace, job, args.output, kind=kind)
         assert namespace is not None
         if args.command == "checkpoints":
             return await checkpoints(
-                cluster, namespace, args.job, args.output, timeout=args.timeout
+                cluster, namespace, args.job, args.output, timeout=args.timeout, kind=kind
             )
-        return await describe(cluster, namespace, args.job, args.output)
+        return await describe(cluster, namespace, args.job, args.output, kind=kind)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,15 +11,22 @@ from .view import job_view, now_utc
 
 
 async def status(
-    cluster: Cluster, namespace: str | None, job: str | None, fmt: str, out: TextIO = sys.stdout
+    cluster: Cluster,
+    namespace: str | None,
+    job: str | None,
+    fmt: str,
+    out: TextIO = sys.stdout,
+    *,
+    kind: str | None = None,
 ) -> int:
-    """Print the table (or JSON/YAML). `namespace` None means all namespaces."""
+    """Print the table (or JSON/YAML). `namespace` None means all namespaces; `kind` keeps the
+    jobs of that kind (and picks one of same-named jobs)."""
     if job is not None:
         assert namespace is not None
-        views = [job_view(await cluster.get_progress(job, namespace))]
+        views = [job_view(await cluster.find_progress(job, namespace, kind))]
     else:
         items, _ = await cluster.list_progress(namespace)
-        views = [job_view(tp) for tp in items]
+        views = [v for v in (job_view(tp) for tp in items) if kind in (None, v.kind)]
     now = now_utc()
     if fmt == "table":
         if not views:

@@ -178,7 +178,9 @@ def job_view(tp: dict[str, Any]) -> JobView:
     eta = status.get("estimatedTimeRemaining")
     return JobView(
         namespace=str(meta.get("namespace", "")),
-        name=str(meta.get("name", "")),
+        # The job's name: its TrainingProgress is named otherwise when a job of another kind
+        # holds that name (`llama-trainjob`); KIND tells the two apart.
+        name=str(job_ref.get("name") or meta.get("name", "")),
         kind=str(job_ref.get("kind") or "-"),
         state=state,
         step=_int(status.get("step")),

@@ -52,9 +52,11 @@ def bar(fraction: float | None, width: int = BAR_MAX, unicode: bool = True) -> s
 
 
 class WatchState:
-    """The latest object of each job, keyed by (namespace, name), and the connection's health."""
+    """The latest object of each job, keyed by (namespace, name), and the connection's health;
+    `kind` shows only that kind's jobs."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str | None = None) -> None:
+        self.kind = kind
         self.items: dict[tuple[str, str], dict[str, Any]] = {}
         self.problem: str | None = None
         self.changed = asyncio.Event()
@@ -74,7 +76,8 @@ class WatchState:
         self.changed.set()
 
     def views(self) -> list[JobView]:
-        return [job_view(self.items[k]) for k in sorted(self.items)]
+        views = (job_view(self.items[k]) for k in sorted(self.items))
+        return [v for v in views if self.kind in (None, v.kind)]
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:
@@ -203,16 +206,21 @@ async def watch(
     namespace: str | None,
     job: str | None,
     *,
+    kind: str | None = None,
     console: Console | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
     """Follow the jobs until Ctrl-C (the caller maps the KeyboardInterrupt to exit code 0)."""
+    progress_name = None
     if job is not None:
         assert namespace is not None
-        await cluster.get_progress(job, namespace)  # a typo fails now, not as an endless wait
+        # A typo fails now, not as an endless wait; the job's TrainingProgress may be named
+        # otherwise than the job (`llama-trainjob`), so its own name is what is watched.
+        tp = await cluster.find_progress(job, namespace, kind)
+        progress_name = str(tp["metadata"]["name"])
     console = console or Console(file=out)
-    state = WatchState()
-    follower = asyncio.create_task(follow(cluster, namespace, job, state))
+    state = WatchState(kind)
+    follower = asyncio.create_task(follow(cluster, namespace, progress_name, state))
     try:
         if console.is_terminal:
             await _live(console, state, follower, namespace is None, job)

@@ -1,13 +1,17 @@
-"""The progress controller: PyTorchJobs with injected pods -> TrainingProgress status.
+"""The progress controller: PyTorchJobs and TrainJobs with injected pods -> TrainingProgress status.
 
-One reconcile per job (key namespace/name, the job's and the TrainingProgress's): make sure the
-TrainingProgress exists (owned by the job), find the rank-0 pod, read its progress (exec while the
-container runs, the termination message once it has terminated), decide the new status from the
-stored one (`decide`), apply it to /status only when something changed, then send the
+One reconcile per job (key `discovery.job_key`: the kind is part of it, so same-named jobs of two
+kinds stay apart): keep only the pods the job owns (`ownership`: the labels name a job, the
+ownerReferences prove it; the others are ignored and reported once), make sure the job's
+TrainingProgress exists (found by spec.jobRef and owned by the job; `status_identity` names a new
+one), find the rank-0 pod, read its progress (exec while the container runs, the termination
+message once it has terminated), decide the new status from the stored one (`decide`, which
+leaves out values out of range), apply it to /status only when something changed, then send the
 events the change means, and put the latest complete checkpoint on every pod of the job
 (`lastcheckpoint`: annotations for checkpoint-aware preemption). Decisions are read from the
 informers' caches; the only API calls are the exec, the TrainingProgress create, the status apply,
-the pods' annotation patches when their values differ (and Events).
+the pods' annotation patches when their values differ, a GET of a TrainJob pod's batch Job and
+JobSet the first time they are seen (and Events).
 
 A job is read at most once per interval (`schedule`): pod and job events that arrive sooner are
 answered from the cache, except a new rank-0 pod or a terminated container, which are read at
@@ -18,13 +22,15 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from kubeckpt_api import status_bounds as bounds
 from kubeckpt_api.groupversion import CHECKPOINT_POLICY, TRAINING_PROGRESS
 from kubeckpt_api.optin import opted_in, select_policy
+from kubeckpt_api.status_identity import owner_uid, progress_names, progress_of
 from reconciler.apply import apply_status, status_patch
 from reconciler.clock import REAL_CLOCK, Clock
 from reconciler.controller import Request, Result, generation_changed
@@ -32,13 +38,14 @@ from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotF
 from reconciler.exec import exec_command
 from reconciler.fairlimit import Busy
 from reconciler.manager import Manager
-from reconciler.objects import KubeObject, name_of, namespace_of, object_key
+from reconciler.objects import KubeObject, name_of, namespace_of
 from reconciler.resources import NAMESPACES, PODS, Resource
 
 from . import discovery as d
-from .decide import FIELD_MANAGER, Decision, Observation, changed, decide
+from .decide import FIELD_MANAGER, Decision, Observation, changed, decide, foreign_event
 from .lastcheckpoint import pod_patch, wanted
 from .metrics import ProgressCollector
+from .ownership import OwnerResolver
 from .reading import ExecFn, ReadError, parse, read_file
 from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
 from .trainjob import TRAINJOB_API_VERSION, TrainJobWatcher, trainer_status, trainer_status_server
@@ -52,21 +59,36 @@ PYTORCHJOBS = Resource(
 TRAININGPROGRESSES = TRAINING_PROGRESS.resource
 CHECKPOINTPOLICIES = CHECKPOINT_POLICY.resource
 JOB_INDEX = "kubeckpt.io/job"
+# TrainingProgress objects by the key of the job their spec.jobRef names.
+JOB_REF_INDEX = "kubeckpt.io/jobref"
 # The pods' last-checkpoint annotations are written under a manager of their own, so that
 # managedFields tell them from the TrainingProgress status ("kubeckpt").
 ANNOTATION_FIELD_MANAGER = "kubeckpt-last-checkpoint"
 
 
 def pod_job_index(pod: KubeObject) -> list[str]:
-    """Index training pods by "namespace/job" (the TrainingProgress's key, whatever the kind)."""
-    job = d.job_of_pod(pod)
-    if job is None:
-        return []
-    return [f"{namespace_of(pod)}/{job[1]}"]
+    """Index training pods by the key of the job their labels name (`discovery.job_key`)."""
+    key = d.pod_job_key(pod)
+    return [key] if key else []
+
+
+def progress_job_index(tp: KubeObject) -> list[str]:
+    """Index TrainingProgress objects by the key of the job their spec.jobRef names."""
+    key = d.progress_job_key(tp)
+    return [key] if key else []
 
 
 def pod_to_job(pod: KubeObject) -> list[Request]:
     return [Request.from_key(k) for k in pod_job_index(pod)]
+
+
+def progress_to_job(tp: KubeObject) -> list[Request]:
+    return [Request.from_key(k) for k in progress_job_index(tp)]
+
+
+def job_requests(kind: d.JobKind) -> Callable[[KubeObject], list[Request]]:
+    """Map a job of `kind` to its request (its key carries the kind)."""
+    return lambda job: [Request.from_key(d.job_key(kind, namespace_of(job), name_of(job)))]
 
 
 def _pod_changed(old: KubeObject, new: KubeObject) -> bool:
@@ -156,12 +178,14 @@ class ProgressController:
         ]
         self.namespaces = manager.informer(client.api(NAMESPACES), transform=other_trim)
         self.policies = manager.informer(client.api(CHECKPOINTPOLICIES), transform=other_trim)
+        self.tps.add_indexers({JOB_REF_INDEX: progress_job_index})
+        self.owners = OwnerResolver(client, clock=clock)
         self.events = manager.event_recorder("kubeckpt-reconciler")
         self.controller = manager.controller("progress", self.reconcile, workers=workers)
-        self.controller.watch(self.jobs, update_predicate=_job_changed)
+        self.controller.watch(self.jobs, job_requests(d.PYTORCHJOB), update_predicate=_job_changed)
         self.controller.watch(self.pods, pod_to_job, update_predicate=_pod_changed)
         # Our own status writes come back as updates: they must not trigger a read.
-        self.controller.watch(self.tps, update_predicate=generation_changed)
+        self.controller.watch(self.tps, progress_to_job, update_predicate=generation_changed)
         for inf in self.bare_pods:
             self.controller.watch(inf, pod_to_job, update_predicate=lambda o, n: False)
         self._state: dict[str, _JobState] = {}
@@ -171,11 +195,16 @@ class ProgressController:
         self._annotated: dict[str, dict[str, tuple[int, dict[str, str]]]] = {}
         self.trainjobs = TrainJobWatcher(
             client,
-            lambda inf: self.controller.watch(inf, update_predicate=_job_changed),
+            lambda inf: self.controller.watch(
+                inf, job_requests(d.TRAINJOB), update_predicate=_job_changed
+            ),
             interval=trainjob_interval,
         )
         manager.add_runnable(self.trainjobs.run, leader_only=False)
         self._trainer_conflicts: set[str] = set()
+        # Foreign pods reported by an Event on a job that has no TrainingProgress to hold the
+        # condition that remembers them: job key -> pod UIDs.
+        self._foreign_reported: dict[str, set[str]] = {}
         self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0, "annotation_writes": 0}
         self.manager = manager
         manager.metrics.registry.register(
@@ -188,23 +217,27 @@ class ProgressController:
         self._written.pop(key, None)
         self._annotated.pop(key, None)
         self._trainer_conflicts.discard(key)
+        self._foreign_reported.pop(key, None)
 
     def job(self, key: str) -> tuple[KubeObject | None, d.JobKind]:
         """The job with this key from the caches, and its kind."""
-        job = self.jobs.store.get(key)
-        if job is not None:
-            return job, d.PYTORCHJOB
-        inf = self.trainjobs.informer
-        if inf is not None and (job := inf.store.get(key)) is not None:
-            return job, d.TRAINJOB
-        return None, d.PYTORCHJOB
+        parsed = d.parse_job_key(key)
+        if parsed is None:
+            return None, d.PYTORCHJOB
+        kind, namespace, name = parsed
+        inf = self.jobs if kind is d.PYTORCHJOB else self.trainjobs.informer
+        if inf is None:
+            return None, kind
+        return inf.store.get(f"{namespace}/{name}"), kind
 
     def job_statuses(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
         """(namespace, name, status) of each job's TrainingProgress, newest known, for the jobs
-        that still exist (what /metrics exports)."""
+        that still exist (what /metrics exports; `name` is the TrainingProgress's, unique in its
+        namespace even when two kinds' jobs share a name)."""
         for tp in list(self.tps.store):
-            key = object_key(tp)
-            if self.job(key)[0] is None:
+            key = d.progress_job_key(tp)
+            job = self.job(key)[0] if key else None
+            if key is None or job is None or owner_uid(tp) != _uid(job):
                 continue
             tp = self.stored(key, tp)
             yield namespace_of(tp), name_of(tp), tp.get("status") or {}
@@ -225,39 +258,85 @@ class ProgressController:
         self._written.pop(key, None)
         return tp
 
-    async def _ensure_tp(self, key: str, job: KubeObject, kind: d.JobKind) -> KubeObject | None:
-        tp = self.tps.store.get(key)
-        if tp is not None:
-            return tp
+    def _mine(self, tp: KubeObject | None, key: str, job: KubeObject) -> bool:
+        """Whether `tp` is this job's: its jobRef names the job and the job owns it."""
+        return tp is not None and d.progress_job_key(tp) == key and owner_uid(tp) == _uid(job)
+
+    def _progress(
+        self, key: str, job: KubeObject, kind: d.JobKind
+    ) -> tuple[KubeObject | None, bool]:
+        """The job's TrainingProgress from the cache (or our own newer write), and whether one
+        that names the job belongs to a predecessor of the same name (a deleted job whose
+        TrainingProgress the garbage collector has yet to remove)."""
+        md = job.get("metadata") or {}
+        cached = progress_of(
+            self.tps.store.by_index(JOB_REF_INDEX, key), kind, md.get("name", ""), _uid(job)
+        )
+        if cached and self._mine(cached[0], key, job):
+            return cached[0], False
+        mine = self._written.get(key)
+        if self._mine(mine, key, job):
+            return mine, False
+        # Owned by another UID: a deleted job's, which the garbage collector removes. One with no
+        # owner (made by hand) is not waited for: its name is just taken.
+        return None, any(owner_uid(tp) not in (None, _uid(job)) for tp in cached)
+
+    async def _ensure_tp(
+        self, key: str, job: KubeObject, kind: d.JobKind
+    ) -> tuple[KubeObject | None, bool]:
+        """The job's TrainingProgress, created when it has none: named after the job, unless that
+        name is another job's (a same-named job of another kind came first), then
+        `status_identity.progress_names`' next (an Event on the job says which). Also whether a
+        predecessor's is still there (then none is created yet: it is about to go)."""
+        tp, predecessor = self._progress(key, job, kind)
+        if tp is not None or predecessor:
+            return tp, predecessor
         md = job["metadata"]
         ref = {"apiVersion": job.get("apiVersion") or kind.api_version, "kind": kind.kind}
-        body = {
-            "apiVersion": TRAINING_PROGRESS.api_version,
-            "kind": TRAINING_PROGRESS.kind,
-            "metadata": {
-                "name": md["name"],
-                "namespace": md["namespace"],
-                "labels": {"app.kubernetes.io/managed-by": "kubeckpt"},
-                "ownerReferences": [
-                    {**ref, "name": md["name"], "uid": md["uid"], "controller": True}
-                ],
-            },
-            "spec": {"jobRef": {**ref, "name": md["name"]}},
-        }
-        try:
-            tp = await self.tp_api.create(body)
-        except AlreadyExists:
-            tp = await self.tp_api.get(md["name"], md["namespace"])
-        self._written[key] = tp
-        return tp
+        taken: list[str] = []
+        for name in progress_names(md["name"], kind, md["uid"]):
+            other = self.tps.store.get(f"{md['namespace']}/{name}")
+            if other is not None:
+                taken.append(name)
+                continue
+            body = {
+                "apiVersion": TRAINING_PROGRESS.api_version,
+                "kind": TRAINING_PROGRESS.kind,
+                "metadata": {
+                    "name": name,
+                    "namespace": md["namespace"],
+                    "labels": {"app.kubernetes.io/managed-by": "kubeckpt"},
+                    "ownerReferences": [
+                        {**ref, "name": md["name"], "uid": md["uid"], "controller": True}
+                    ],
+                },
+                "spec": {"jobRef": {**ref, "name": md["name"]}},
+            }
+            try:
+                tp = await self.tp_api.create(body)
+            except AlreadyExists:
+                tp = await self.tp_api.get(name, md["namespace"])
+                if not self._mine(tp, key, job):
+                    taken.append(name)
+                    continue
+            self._written[key] = tp
+            if taken:
+                self.events.event(
+                    job,
+                    "Normal",
+                    "TrainingProgressName",
+                    f"this {kind.kind}'s TrainingProgress is {name}: "
+                    f"{', '.join(taken)} belongs to another job of the same name",
+                )
+            return tp, False
+        log.warning("%s: no free TrainingProgress name (%s taken)", key, ", ".join(taken))
+        return None, False
 
-    def _not_injected(self, key: str) -> list[str]:
+    def _not_injected(self, bare_pods: Iterable[KubeObject]) -> list[str]:
         """The job's pods that the webhook should have injected and did not: opted in, a
         matching CheckpointPolicy, no marker (the webhook fails open when it is down)."""
         out = []
-        # By name: a pod carrying both kinds' labels is in both caches.
-        bare = {name_of(p): p for inf in self.bare_pods for p in inf.store.by_index(JOB_INDEX, key)}
-        for pod in bare.values():
+        for pod in bare_pods:
             md = pod.get("metadata") or {}
             labels = md.get("labels") or {}
             if md.get("deletionTimestamp") or d.STATUS_ANNOTATION in (md.get("annotations") or {}):
@@ -299,14 +378,30 @@ class ProgressController:
         if job is None:
             self._forget(key)
             return None  # the TrainingProgress goes with the job (ownerReference)
-        pods = self.pods.store.by_index(JOB_INDEX, key)
-        missed = self._not_injected(key)
+        # The pods whose labels name the job; only those it owns count for anything.
+        injected = self.pods.store.by_index(JOB_INDEX, key)
+        # By UID: a pod carrying both kinds' labels is in both caches of bare pods.
+        bare = list(
+            {
+                _uid(p): p for inf in self.bare_pods for p in inf.store.by_index(JOB_INDEX, key)
+            }.values()
+        )
+        own, foreign = await self.owners.split([*injected, *bare], job, kind)
+        own_uids = {_uid(p) for p in own}
+        pods = [p for p in injected if _uid(p) in own_uids]
+        missed = self._not_injected(p for p in bare if _uid(p) in own_uids)
         suspended = d.suspended(job, kind)
-        if not pods and not missed and not (suspended and self.tps.store.get(key) is not None):
-            return None  # not an injected job (yet): pod events bring it back
-        tp = await self._ensure_tp(key, job, kind)
+        if not pods and not missed:
+            known, _ = self._progress(key, job, kind)
+            if not (suspended and known is not None):
+                if known is None:
+                    self._report_foreign(key, job, [*injected, *bare], foreign)
+                return None  # not an injected job (yet): pod events bring it back
+        tp, predecessor = await self._ensure_tp(key, job, kind)
         if tp is None:
-            return None
+            # A predecessor's TrainingProgress is still there: the garbage collector removes it
+            # (its job is gone), then ours is created.
+            return Result(requeue_after=2.0) if predecessor else None
         tp = self._stored(key, tp)
         prev_status = copy.deepcopy(tp.get("status") or {})
         now = self.clock.now()
@@ -341,7 +436,7 @@ class ProgressController:
                 due = now >= state.next_poll or pod_uid != state.pod_uid
                 if not due:
                     # No read, but a pod created since (a restarted rank) gets the annotations.
-                    await self._publish_checkpoint(key, prev_status)
+                    await self._publish_checkpoint(key, prev_status, own)
                     return Result(requeue_after=max(state.next_poll - now, 0.01))
                 try:
                     obs = await self._read(pod, container, kind)
@@ -361,17 +456,18 @@ class ProgressController:
                 obs = Observation(pod=pod_name, outcome=outcome)
             obs.new_pod = state.new_pod
             state.pod, state.pod_uid = pod_name, pod_uid
-        rec_step_seconds = obs.record.step_seconds_value() if obs.record else None
-        if rec_step_seconds is None:
-            try:
-                rec_step_seconds = float(prev_status.get("stepSeconds") or 0) or None
-            except ValueError:
-                rec_step_seconds = None
+        # Only a stepSeconds in range sizes polling and the stall window (status_bounds).
+        if obs.record is not None and obs.record.step_seconds is not None:
+            rec_step_seconds = bounds.step_seconds(obs.record.step_seconds)
+        else:
+            rec_step_seconds = bounds.step_seconds(prev_status.get("stepSeconds"))
         period = update_period(rec_step_seconds, frequency)
         if running:
             obs.stall_after = stall_after(self.settings, period)
         obs.not_injected = missed
         obs.suspended = suspended
+        obs.job_created = d.created(job)
+        obs.foreign = foreign
         decision = decide(prev_status, obs, datetime.now(UTC))
         if hold:
             self.stats["skipped_writes"] += 1
@@ -383,7 +479,7 @@ class ProgressController:
                 and not (container is not None and trainer_status_server(container))
             ):
                 await self._write_trainer_status(key, job, decision.status)
-        await self._publish_checkpoint(key, prev_status if hold else decision.status)
+        await self._publish_checkpoint(key, prev_status if hold else decision.status, own)
         if decision.accepted:
             state.new_pod = False
         if decision.accepted and obs.record is not None and obs.record.step != state.step:
@@ -430,7 +526,28 @@ class ProgressController:
         for ev in dec.events:
             self.events.event(job, ev.type, ev.reason, ev.message)
 
-    async def _publish_checkpoint(self, key: str, status: dict[str, Any]) -> None:
+    def _report_foreign(
+        self, key: str, job: KubeObject, claimed: list[KubeObject], foreign: dict[str, str]
+    ) -> None:
+        """A ForeignPod Event for a job with no TrainingProgress (whose PodsOwned condition would
+        remember what was reported): once per pod while this controller runs."""
+        if not foreign:
+            self._foreign_reported.pop(key, None)
+            return
+        seen = self._foreign_reported.setdefault(key, set())
+        new = {
+            name_of(p): foreign[name_of(p)]
+            for p in claimed
+            if name_of(p) in foreign and _uid(p) not in seen
+        }
+        seen.update(_uid(p) for p in claimed if name_of(p) in foreign)
+        if new:
+            ev = foreign_event(new)
+            self.events.event(job, ev.type, ev.reason, ev.message)
+
+    async def _publish_checkpoint(
+        self, key: str, status: dict[str, Any], own: list[KubeObject]
+    ) -> None:
         """Make every pod of the job carry its latest complete checkpoint (`lastcheckpoint`).
 
         Only a pod whose annotations differ is patched: a poll that changes nothing writes
@@ -441,13 +558,8 @@ class ProgressController:
         want = wanted(status)
         if want is None:
             return
-        # Every pod of the job, injected or not: a scheduler preempts the job's pods together.
-        pods: dict[str, KubeObject] = {
-            uid: p
-            for inf in (self.pods, *self.bare_pods)
-            for p in inf.store.by_index(JOB_INDEX, key)
-            if (uid := (p.get("metadata") or {}).get("uid"))
-        }
+        # Every pod the job owns, injected or not: a scheduler preempts the job's pods together.
+        pods: dict[str, KubeObject] = {uid: p for p in own if (uid := _uid(p))}
         mine = self._annotated.setdefault(key, {})
         for uid in [u for u in mine if u not in pods]:
             del mine[uid]
@@ -509,3 +621,7 @@ class ProgressController:
             self._trainer_conflicts.add(key)
         except NotFound:
             pass
+
+
+def _uid(obj: KubeObject | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("uid") or "")

@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from kubeckpt_api import status_bounds as bounds
 from kubeckpt_api.status import (
     CHECKPOINTING,
     COMPLETED,
     INJECTED,
     MAX_CONDITION_MESSAGE,
+    PODS_OWNED,
     PROGRESSING,
     STALLED,
+    VALUES_IN_RANGE,
     condition,
     set_condition,
     state_of,
@@ -39,6 +42,7 @@ from trainer_runtime.contract.progress import (
 # TrainingProgress status, CheckpointPolicy status, a TrainJob's status.trainerStatus).
 FIELD_MANAGER = "kubeckpt"
 NOT_INJECTED_PREFIX = "created without kubeckpt injection (was the webhook down?): "
+FOREIGN_PREFIX = "ignored, not owned by the job although they carry its labels: "
 
 
 def changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
@@ -69,6 +73,11 @@ class Observation:
     not_injected: list[str] | None = None
     # The job is suspended (its kind's suspend field: Kueue preempts that way), not finished.
     suspended: bool = False
+    # The job's creationTimestamp: a time the record reports from before it is not believed.
+    job_created: datetime | None = None
+    # Pods that carry the job's labels but that the job does not own (ownership.py), by name,
+    # with why (None: not known, leave the condition).
+    foreign: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,11 +150,18 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
     error = (obs.error_reason, obs.error_message) if obs.error_reason else None
 
     if rec is not None:
-        new = record_fields(rec)
+        # Values out of range are left out (never used) and named in ValuesInRange.
+        new, out_of_range = bounds.check(record_fields(rec), now=now, job_created=obs.job_created)
         prev_step = _step_of(prev)
         same_pod = obs.pod is not None and obs.pod == prev.get("observedPod") and not obs.new_pod
         same_resume = new.get("resumedFrom") == prev.get("resumedFrom")
-        if prev_step is not None and rec.step < prev_step and same_pod and same_resume:
+        if "step" not in new:
+            error = (
+                "ValueOutOfRange",
+                f"the record's step is out of range ({_out_of_range_text(out_of_range)}); "
+                "keeping the last good values",
+            )
+        elif prev_step is not None and rec.step < prev_step and same_pod and same_resume:
             error = (
                 "StepWentBackwards",
                 f"step went back from {prev_step} to {rec.step} in pod {obs.pod} without a new "
@@ -153,6 +169,10 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
             )
         else:
             accepted = True
+            if any(p.field == "lastUpdateTime" for p in out_of_range):
+                # Stalled is measured from it: when this controller saw the step change instead.
+                same_step = rec.step == prev_step and prev.get("lastUpdateTime")
+                new["lastUpdateTime"] = prev["lastUpdateTime"] if same_step else format_rfc3339(now)
             status = {k: v for k, v in prev.items() if k not in RECORD_KEYS}
             status.update(new)
             status["source"] = obs.source or "exec"
@@ -163,7 +183,7 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
             if resumed or (went_back and not same_pod):
                 frm = new.get("resumedFrom") or "an earlier checkpoint"
                 events.append(Event("Normal", "Resumed", f"resumed from {frm}; step {rec.step}"))
-            total = f" of {rec.total_steps}" if rec.total_steps else ""
+            total = f" of {new['totalSteps']}" if new.get("totalSteps") else ""
             if resumed:
                 conds = set_condition(
                     conds,
@@ -214,6 +234,26 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
                     conds = set_condition(
                         conds, STALLED, "False", "StepAdvanced", f"step {rec.step}", now
                     )
+
+        if out_of_range:
+            conds = set_condition(
+                conds,
+                VALUES_IN_RANGE,
+                "False",
+                "ValueOutOfRange",
+                f"not used: {_out_of_range_text(out_of_range)}",
+                now,
+            )
+        elif accepted and (c := condition(conds, VALUES_IN_RANGE)) is not None:
+            if c.get("status") != "True":
+                conds = set_condition(
+                    conds,
+                    VALUES_IN_RANGE,
+                    "True",
+                    "ValuesInRange",
+                    "every value of the last record is in range",
+                    now,
+                )
 
     if error is not None:
         reason, message = error
@@ -271,11 +311,7 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
         old = condition(conds, INJECTED)
         if obs.not_injected:
             names = sorted(obs.not_injected)
-            known: set[str] = set()
-            if old is not None and old.get("status") == "False":
-                text = str(old.get("message", ""))
-                if text.startswith(NOT_INJECTED_PREFIX):
-                    known = set(text[len(NOT_INJECTED_PREFIX) :].split(", "))
+            known = _listed(old, "False", NOT_INJECTED_PREFIX)
             new_names = [n for n in names if n not in known]
             conds = set_condition(
                 conds,
@@ -299,8 +335,64 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
                 conds, INJECTED, "True", "AllPodsInjected", "every pod of the job is injected", now
             )
 
-    order = {PROGRESSING: 0, STALLED: 1, CHECKPOINTING: 2, COMPLETED: 3, INJECTED: 4}
+    if obs.foreign is not None:
+        conds, foreign_events = _foreign_pods(conds, obs.foreign, now)
+        events += foreign_events
+
+    order = {
+        PROGRESSING: 0,
+        STALLED: 1,
+        CHECKPOINTING: 2,
+        COMPLETED: 3,
+        INJECTED: 4,
+        PODS_OWNED: 5,
+        VALUES_IN_RANGE: 6,
+    }
     status["conditions"] = sorted(conds, key=lambda c: order.get(c["type"], 9))
     status["state"] = state_of(status)
     status["lastPollTime"] = format_rfc3339(now)
     return Decision(status, events, accepted)
+
+
+def _out_of_range_text(problems: list[bounds.OutOfRange]) -> str:
+    return "; ".join(p.message() for p in problems)
+
+
+def _listed(cond: dict[str, Any] | None, status: str, prefix: str) -> set[str]:
+    """The names a condition of ours lists after `prefix` (those already reported)."""
+    if cond is None or cond.get("status") != status:
+        return set()
+    text = str(cond.get("message", ""))
+    return set(text[len(prefix) :].split(", ")) if text.startswith(prefix) else set()
+
+
+def _foreign_pods(
+    conds: list[dict[str, Any]], foreign: dict[str, str], now: datetime
+) -> tuple[list[dict[str, Any]], list[Event]]:
+    """PodsOwned and one ForeignPod Event for the pods not reported before (the stored
+    condition lists them, so a restarted controller does not report them again)."""
+    old = condition(conds, PODS_OWNED)
+    if not foreign:
+        if old is None or old.get("status") == "True":
+            return conds, []
+        msg = "every pod that carries the job's labels is the job's own"
+        return set_condition(conds, PODS_OWNED, "True", "AllPodsOwned", msg, now), []
+    names = sorted(foreign)
+    known = _listed(old, "False", FOREIGN_PREFIX)
+    conds = set_condition(
+        conds, PODS_OWNED, "False", "ForeignPod", FOREIGN_PREFIX + ", ".join(names), now
+    )
+    new = {n: foreign[n] for n in names if n not in known}
+    return conds, [foreign_event(new)] if new else []
+
+
+def foreign_event(foreign: dict[str, str]) -> Event:
+    """The ForeignPod Event for pods (by name, with why) that carry the job's labels and are not
+    its own: one Event for all of them, so that many forged pods are not many Events."""
+    why = "; ".join(f"{name}: {foreign[name]}" for name in sorted(foreign))
+    return Event(
+        "Warning",
+        "ForeignPod",
+        f"ignored pod(s) that carry this job's labels but are not its own ({why}): they drive "
+        "nothing of the job's progress, Events or annotations",
+    )

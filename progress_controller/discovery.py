@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from kubeckpt_api.jobkinds import JOB_KINDS, PYTORCHJOB, TRAINJOB, JobKind, job_identity
 from kubeckpt_api.optin import INJECTED_LABEL, STATUS_ANNOTATION
+from kubeckpt_api.status_identity import job_ref
 from reconciler.objects import KubeObject
+from trainer_runtime.contract.progress import parse_rfc3339
 
 __all__ = ["JOB_KINDS", "PYTORCHJOB", "TRAINJOB", "JobKind"]
 
@@ -28,9 +31,49 @@ def _labels(obj: KubeObject) -> dict[str, str]:
 
 
 def job_of_pod(pod: KubeObject) -> tuple[JobKind, str] | None:
-    """(kind, name) of the training job a pod belongs to, from its labels; None if none."""
+    """(kind, name) of the training job a pod claims to belong to, from its labels; None if none.
+    A claim only: ownership.py decides whether the job owns it."""
     ident = job_identity(_labels(pod))
     return (ident.job_kind, ident.name) if ident else None
+
+
+def job_key(kind: JobKind, namespace: str, name: str) -> str:
+    """The controller's key of a job: "ns/name" for a PyTorchJob (as it always was), and
+    "ns/_<kind lowercase>/name" for every other kind, the scheme of the jobs' checkpoint
+    directories. A leading underscore is never a job name, so same-named jobs of two kinds never
+    share a key (their TrainingProgress, state and Events stay apart)."""
+    if kind is PYTORCHJOB:
+        return f"{namespace}/{name}"
+    return f"{namespace}/_{kind.kind.lower()}/{name}"
+
+
+_BY_SEGMENT = {f"_{k.kind.lower()}": k for k in JOB_KINDS if k is not PYTORCHJOB}
+
+
+def parse_job_key(key: str) -> tuple[JobKind, str, str] | None:
+    """(kind, namespace, name) of a key `job_key` made; None for anything else."""
+    namespace, _, rest = key.partition("/")
+    segment, sep, name = rest.partition("/")
+    if not sep:
+        return (PYTORCHJOB, namespace, rest) if rest else None
+    kind = _BY_SEGMENT.get(segment)
+    return (kind, namespace, name) if kind is not None and name else None
+
+
+def pod_job_key(pod: KubeObject) -> str | None:
+    """The key of the job a pod's labels name."""
+    job = job_of_pod(pod)
+    if job is None:
+        return None
+    return job_key(job[0], str((pod.get("metadata") or {}).get("namespace", "")), job[1])
+
+
+def progress_job_key(tp: KubeObject) -> str | None:
+    """The key of the job a TrainingProgress's spec.jobRef names."""
+    ref = job_ref(tp)
+    if ref is None:
+        return None
+    return job_key(ref[0], str((tp.get("metadata") or {}).get("namespace", "")), ref[1])
 
 
 def is_rank0(pod: KubeObject, kind: JobKind = PYTORCHJOB) -> bool:
@@ -133,6 +176,14 @@ def job_outcome(job: KubeObject) -> str | None:
         if c.get("status") == "True" and c.get("type") == "Failed":
             return "Failed"
     return None
+
+
+def created(job: KubeObject) -> datetime | None:
+    """The job's creationTimestamp, when it has a readable one."""
+    try:
+        return parse_rfc3339((job.get("metadata") or {}).get("creationTimestamp") or "")
+    except ValueError:
+        return None
 
 
 def suspended(job: KubeObject, kind: JobKind) -> bool:

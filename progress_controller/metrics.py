@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kubeckpt_api.status import STALLED, condition
-from trainer_runtime.contract.env import parse_duration
+from kubeckpt_api.status_bounds import eta_seconds
 from trainer_runtime.contract.progress import parse_rfc3339
 
 LABELS = ("namespace", "job")
@@ -36,13 +36,7 @@ def _float(value: Any) -> float | None:
 
 
 def _eta(st: dict, now: float) -> float | None:
-    eta = st.get("estimatedTimeRemaining")
-    if not eta:
-        return None
-    try:
-        return float(parse_duration(eta))
-    except (ValueError, TypeError):
-        return _float(eta)
+    return eta_seconds(st.get("estimatedTimeRemaining"))
 
 
 def _since_checkpoint(st: dict, now: float) -> float | None:

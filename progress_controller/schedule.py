@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from kubeckpt_api.status_bounds import MAX_STEP_SECONDS, MAX_UPDATE_PERIOD
 from reconciler.clock import REAL_CLOCK, Clock
 from reconciler.fairlimit import FairLimiter
 
@@ -45,10 +46,13 @@ class PollSettings:
 
 
 def update_period(step_seconds: float | None, frequency: int) -> float | None:
-    """Seconds between progress file writes, when the record says how long a step takes."""
-    if step_seconds is None or step_seconds <= 0:
+    """Seconds between progress file writes, when the record says how long a step takes.
+
+    Both factors come from the pod, so the product is cut to MAX_UPDATE_PERIOD: whatever they
+    claim, a job is read at least that often and can be found Stalled."""
+    if step_seconds is None or not 0 < step_seconds <= MAX_STEP_SECONDS:
         return None
-    return step_seconds * max(frequency, 1)
+    return min(step_seconds * max(frequency, 1), MAX_UPDATE_PERIOD)
 
 
 def poll_interval(

@@ -13,12 +13,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from kubeckpt_api import status_bounds as bounds
 from kubeckpt_api.jobkinds import TRAINJOB
 from reconciler.errors import ApiError, ResourceNotFound
 from reconciler.informer import Informer
 from reconciler.objects import KubeObject
 from reconciler.resources import Resource
-from trainer_runtime.contract.env import parse_duration
 
 log = logging.getLogger("kubeckpt.progress.trainjob")
 
@@ -64,24 +64,17 @@ def trainer_status(tp_status: dict[str, Any]) -> dict[str, Any] | None:
     if tp_status.get("step") is None:
         return None
     out: dict[str, Any] = {}
+    # The status holds only values in range (decide, status_bounds); one an older controller
+    # wrote is fitted to Trainer's schema here.
     try:
         pct = float(tp_status.get("percentComplete", "nan"))
         if math.isfinite(pct):
             out["progressPercentage"] = max(0, min(100, int(pct)))
     except ValueError:
         pass
-    eta = tp_status.get("estimatedTimeRemaining")
-    if eta:
-        seconds: float | None
-        try:
-            seconds = float(eta)
-        except ValueError:
-            try:
-                seconds = parse_duration(eta)
-            except ValueError:
-                seconds = None
-        if seconds is not None and math.isfinite(seconds) and seconds >= 0:
-            out["estimatedRemainingSeconds"] = min(INT32_MAX, int(seconds))
+    seconds = bounds.eta_seconds(tp_status.get("estimatedTimeRemaining"))
+    if seconds is not None:
+        out["estimatedRemainingSeconds"] = min(INT32_MAX, int(seconds))
     metrics = [
         {"name": name, "value": str(tp_status[key])}
         for key, name in _METRICS

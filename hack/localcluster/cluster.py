@@ -57,6 +57,25 @@ REAL_NODE_CONTROLLERS = (
 
 
 WORKDIR_PREFIX = "kubeckpt-cluster-"
+# KWOK's bundled pod-complete stage completes every Running pod that a batch Job owns, at once, as
+# a batch workload would. A TrainJob's training pods are a batch Job's (pod -> Job -> JobSet ->
+# TrainJob) yet run until stopped: a pod with this annotation stays Running, so that tests can
+# read its progress by exec, as they do a PyTorchJob's pods (which no Job owns).
+KWOK_KEEP_RUNNING_ANNOTATION = "kubeckpt.io/kwok-keep-running"
+
+
+def kwok_stages(texts: Sequence[str]) -> str:
+    """KWOK's stage documents as one config, pod-complete sparing pods that keep running."""
+    docs = [doc for text in texts for doc in yaml.safe_load_all(text) if doc]
+    for doc in docs:
+        if doc.get("kind") == "Stage" and doc["metadata"]["name"] == "pod-complete":
+            doc["spec"]["selector"].setdefault("matchExpressions", []).append(
+                {
+                    "key": f'.metadata.annotations["{KWOK_KEEP_RUNNING_ANNOTATION}"]',
+                    "operator": "DoesNotExist",
+                }
+            )
+    return yaml.safe_dump_all(docs)
 
 
 def sweep_stale_workdirs(tmp: Path | None = None) -> list[Path]:
@@ -525,7 +544,7 @@ class LocalCluster:
         )
         kwok_config = self.workdir / "kwok.yaml"
         stages = sorted(self.binaries.kwok_stages.glob("*.yaml"))
-        kwok_config.write_text("\n---\n".join(s.read_text() for s in stages))
+        kwok_config.write_text(kwok_stages([s.read_text() for s in stages]))
         self._spawn(
             "kwok",
             [

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from localcluster import LocalCluster
+from localcluster import LocalCluster, wait_for
+from localcluster.cluster import KWOK_KEEP_RUNNING_ANNOTATION
 from progress_controller.controller import ProgressController
 from progress_controller.schedule import PollSettings
 from reconciler.client import Client
@@ -84,6 +85,93 @@ def start_job(cluster: LocalCluster, namespace: str, name: str, first: bytes) ->
     write_atomic(d / "progress.json", first)
     cluster.apply(pytorchjob(name, namespace, str(d / "progress.json")))
     return d / "progress.json"
+
+
+def get_json(cluster: LocalCluster, resource: str, name: str, namespace: str) -> dict:
+    where = ["-n", namespace] if namespace else []
+    return json.loads(cluster.kubectl("get", resource, name, *where, "-o", "json").stdout)
+
+
+def controller_ref(obj: dict) -> dict:
+    """The ownerReference a controller puts on what it creates (controller-runtime's
+    SetControllerReference): the one the progress controller follows up to the job."""
+    md = obj["metadata"]
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": md["name"],
+        "uid": md["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def install_jobset_crd(cluster: LocalCluster) -> None:
+    """JobSet's CRD from its module (as the Trainer stack installs it), without its controller."""
+    assert cluster.binaries is not None
+    args = ["apply", "--server-side", "--force-conflicts", "--field-manager=kubeckpt-tests"]
+    for f in sorted(cluster.binaries.jobset_manifests.glob("crds/*.yaml")):
+        args += ["-f", str(f)]
+    cluster.kubectl(*args)
+
+    def established() -> bool:
+        crd = get_json(cluster, "crd", "jobsets.jobset.x-k8s.io", "")
+        conds = (crd.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    # Polled: `kubectl wait --for=condition=...` fails at once while the CRD has no conditions.
+    wait_for(established, "JobSet's CRD to be Established", timeout=60)
+
+
+# On a pod a batch Job owns: KWOK keeps it Running, as a training pod runs until stopped.
+KWOK_KEEPS_RUNNING = {KWOK_KEEP_RUNNING_ANNOTATION: "true"}
+
+
+def trainjob_batch_job(cluster: LocalCluster, namespace: str, name: str) -> dict:
+    """For the TrainJob `name` (it must exist): the JobSet Trainer makes for it and the batch Job
+    JobSet makes for its `node` replicated job, each controlled by the one above with the
+    ownerReferences Trainer and JobSet set (seen on the real ones: tests/node runs them), made
+    here by hand where no Trainer or JobSet controller runs. The Job is managed by no one
+    (`spec.managedBy`): the cluster's Job controller neither makes pods for it nor releases
+    the pods the tests make for it (it would, as they do not match its selector). The pods
+    carry KWOK_KEEPS_RUNNING (KWOK would complete them at once, as a Job's)."""
+    tj = get_json(cluster, "trainjobs.trainer.kubeflow.org", name, namespace)
+    cluster.apply(
+        {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "ownerReferences": [controller_ref(tj)],
+            },
+            "spec": {},
+        }
+    )
+    jobset = get_json(cluster, "jobsets.jobset.x-k8s.io", name, namespace)
+    job_name = f"{name}-node-0"
+    cluster.apply(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": job_name,
+                "namespace": namespace,
+                "labels": {"jobset.sigs.k8s.io/jobset-name": name},
+                "ownerReferences": [controller_ref(jobset)],
+            },
+            "spec": {
+                "managedBy": "kubeckpt.io/tests",
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "node", "image": "busybox"}],
+                    }
+                },
+            },
+        }
+    )
+    return get_json(cluster, "jobs.batch", job_name, namespace)
 
 
 @contextlib.asynccontextmanager

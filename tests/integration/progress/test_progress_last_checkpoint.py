@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import time
+from datetime import UTC, datetime, timedelta, timezone
 
 from progress_support import (
     eventually,
@@ -49,6 +50,10 @@ async def job_pods(client: Client, ns: str) -> dict[str, dict]:
     }
 
 
+def utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def ours(pod: dict) -> dict[str, str]:
     annotations = pod["metadata"].get("annotations") or {}
     return {k: v for k, v in annotations.items() if k in (TIME, STEP)}
@@ -77,6 +82,10 @@ async def test_every_pod_carries_the_latest_checkpoint_and_is_written_only_on_ch
     worker["template"] = copy.deepcopy(worker["template"])
     worker["template"]["metadata"]["labels"] = {"team": "a"}
     kwok.apply(job)
+    # Checkpoint times the controller believes: after the job was created, not in the future.
+    saved = datetime.now(UTC).replace(microsecond=0)
+    plus_one = saved.astimezone(timezone(timedelta(hours=1))).isoformat()  # "...+01:00"
+    later = saved + timedelta(seconds=30)
     async with running_controller(client) as ctrl:
         # No checkpoint yet: nothing on the pods.
         await eventually(lambda: step_is(client, ns, 1), "the first record", 90)
@@ -85,8 +94,8 @@ async def test_every_pod_carries_the_latest_checkpoint_and_is_written_only_on_ch
         assert ctrl.stats["annotation_writes"] == 0
 
         # A checkpoint: every pod carries it, the time in UTC whatever offset the file used.
-        write_atomic(path, progress(5, checkpointing=checkpoint(5, "2026-01-15T11:25:00+01:00")))
-        first = {TIME: "2026-01-15T10:25:00Z", STEP: "5"}
+        write_atomic(path, progress(5, checkpointing=checkpoint(5, plus_one)))
+        first = {TIME: utc(saved), STEP: "5"}
         pods = await eventually(lambda: all_carry(client, ns, first), "the annotations", WITHIN)
         assert pods[f"{JOB}-worker-0"]["metadata"]["labels"]["team"] == "a"  # the rest stays
         managers = {
@@ -101,7 +110,7 @@ async def test_every_pod_carries_the_latest_checkpoint_and_is_written_only_on_ch
         rvs = {n: p["metadata"]["resourceVersion"] for n, p in pods.items()}
         writes, reads = ctrl.stats["annotation_writes"], ctrl.stats["reads"]
         assert writes == 2, ctrl.stats
-        write_atomic(path, progress(6, checkpointing=checkpoint(5, "2026-01-15T11:25:00+01:00")))
+        write_atomic(path, progress(6, checkpointing=checkpoint(5, plus_one)))
         await eventually(lambda: step_is(client, ns, 6), "step 6", WITHIN)
         await eventually(lambda: ctrl.stats["reads"] >= reads + 4, "more reads", WITHIN * 2)
         pods = await job_pods(client, ns)
@@ -109,8 +118,8 @@ async def test_every_pod_carries_the_latest_checkpoint_and_is_written_only_on_ch
         assert ctrl.stats["annotation_writes"] == writes
 
         # A newer checkpoint: every pod follows.
-        write_atomic(path, progress(8, checkpointing=checkpoint(8, "2026-01-15T10:40:00Z")))
-        second = {TIME: "2026-01-15T10:40:00Z", STEP: "8"}
+        write_atomic(path, progress(8, checkpointing=checkpoint(8, utc(later))))
+        second = {TIME: utc(later), STEP: "8"}
         await eventually(lambda: all_carry(client, ns, second), "the newer checkpoint", WITHIN)
 
         # A restarted rank: the operator recreates the worker (same name, new uid), bare; it

@@ -1,7 +1,9 @@
 """TrainJob support on the real control plane: the CRD installed while the controller runs is
 noticed without a restart; status.trainerStatus is applied in Trainer's shape, and left alone
 when another field manager owns it; a TrainJob's pods that should have been injected and were not
-get the same one NotInjected Event and condition as a PyTorchJob's."""
+get the same one NotInjected Event and condition as a PyTorchJob's. The pods are owned as
+Trainer and JobSet own them (pod -> batch Job -> JobSet -> TrainJob), made by hand here:
+the controller counts no pod by its labels alone."""
 
 from __future__ import annotations
 
@@ -10,161 +12,32 @@ import json
 import pytest
 from progress_support import (
     FAST,
+    KWOK_KEEPS_RUNNING,
+    controller_ref,
     event_counts,
     eventually,
     get_tp,
+    install_jobset_crd,
     progress,
     running_controller,
+    trainjob_batch_job,
     write_atomic,
+)
+from trainjob_support import (
+    TRAINJOB_CRD,
+    install_crd,
+    stop_trainer,
+    trainjob,
+    trainjob_with_pod,
 )
 
 from localcluster import LocalCluster
 from reconciler.client import Client
 
-TRAINJOB_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "trainjobs.trainer.kubeflow.org"},
-    "spec": {
-        "group": "trainer.kubeflow.org",
-        "scope": "Namespaced",
-        "names": {
-            "kind": "TrainJob",
-            "plural": "trainjobs",
-            "singular": "trainjob",
-            "listKind": "TrainJobList",
-        },
-        "versions": [
-            {
-                "name": "v1alpha1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            },
-                            "status": {
-                                "type": "object",
-                                "properties": {
-                                    "trainerStatus": {
-                                        "type": "object",
-                                        "properties": {
-                                            "progressPercentage": {
-                                                "type": "integer",
-                                                "format": "int32",
-                                                "minimum": 0,
-                                                "maximum": 100,
-                                            },
-                                            "estimatedRemainingSeconds": {
-                                                "type": "integer",
-                                                "format": "int32",
-                                                "minimum": 0,
-                                            },
-                                            "metrics": {
-                                                "type": "array",
-                                                "x-kubernetes-list-type": "atomic",
-                                                "items": {
-                                                    "type": "object",
-                                                    "required": ["name", "value"],
-                                                    "properties": {
-                                                        "name": {"type": "string", "minLength": 1},
-                                                        "value": {"type": "string", "minLength": 1},
-                                                    },
-                                                },
-                                            },
-                                            "lastUpdatedTime": {
-                                                "type": "string",
-                                                "format": "date-time",
-                                            },
-                                        },
-                                    }
-                                },
-                            },
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
-
 
 @pytest.fixture(autouse=True)
 def no_trainer(cluster: LocalCluster) -> None:
-    """These tests install a TrainJob CRD of their own, and the first one needs none installed:
-    Kubeflow Trainer (started by the real-node tests) goes, with its CRD."""
-    if cluster.trainer.started:  # its TrainJobs' finalizers need Trainer to go
-        cluster.kubectl(
-            "delete", "trainjobs", "-A", "--all", "--timeout=60s", check=False, timeout=90
-        )
-    cluster.stop_trainer()
-    cluster.kubectl(
-        "delete",
-        "crd",
-        "trainjobs.trainer.kubeflow.org",
-        "--ignore-not-found",
-        "--wait=true",
-        "--timeout=60s",
-        check=False,
-        timeout=90,
-    )
-
-
-def trainjob_with_pod(
-    cluster: LocalCluster, ns: str, name: str, first: bytes, env: tuple[dict, ...] = ()
-):
-    cluster.apply(
-        {
-            "apiVersion": "trainer.kubeflow.org/v1alpha1",
-            "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {},
-        }
-    )
-    pod = f"{name}-node-0-0"
-    d = cluster.exec_dir(ns, pod)
-    write_atomic(d / "progress.json", first)
-    cluster.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod,
-                "namespace": ns,
-                "labels": {
-                    "kubeckpt.io/injected": "true",
-                    "jobset.sigs.k8s.io/jobset-name": name,
-                    "jobset.sigs.k8s.io/job-index": "0",
-                    "batch.kubernetes.io/job-completion-index": "0",
-                },
-            },
-            "spec": {
-                "containers": [
-                    {
-                        "name": "node",
-                        "image": "busybox",
-                        "env": [
-                            {"name": "TRAINING_PROGRESS_FILE", "value": str(d / "progress.json")},
-                            *env,
-                        ],
-                    }
-                ]
-            },
-        }
-    )
-    return d / "progress.json"
-
-
-def trainjob(cluster: LocalCluster, ns: str, name: str) -> dict:
-    out = cluster.kubectl(
-        "get", "trainjob", name, "-n", ns, "-o", "json", "--show-managed-fields"
-    ).stdout
-    return json.loads(out)
+    stop_trainer(cluster)
 
 
 async def test_trainjob_noticed_later_and_trainer_status(
@@ -178,6 +51,7 @@ async def test_trainjob_noticed_later_and_trainer_status(
             cluster.kubectl(
                 "wait", "--for=condition=Established", "crd/trainjobs.trainer.kubeflow.org"
             )
+            install_jobset_crd(cluster)
             path = trainjob_with_pod(cluster, ns, "tj", progress(10, percentComplete="10.0"))
             theirs = trainjob_with_pod(cluster, ns, "owned", progress(3))
             # Trainer's TrainJobStatus gate on: it injected its status server's URL, so its own
@@ -252,15 +126,6 @@ async def test_trainjob_noticed_later_and_trainer_status(
         )
 
 
-def install_crd(cluster: LocalCluster) -> None:
-    # A previous test's CRD may still be terminating: applying over it would not bring it back.
-    cluster.kubectl(
-        "wait", "--for=delete", "crd/trainjobs.trainer.kubeflow.org", "--timeout=60s", check=False
-    )
-    cluster.apply(TRAINJOB_CRD)
-    cluster.kubectl("wait", "--for=condition=Established", "crd/trainjobs.trainer.kubeflow.org")
-
-
 async def test_not_injected_trainjob_pods(
     cluster: LocalCluster, client: Client, namespace: str
 ) -> None:
@@ -290,6 +155,7 @@ async def test_not_injected_trainjob_pods(
                 "spec": {},
             }
         )
+        owner = trainjob_batch_job(cluster, ns, "bare-tj")
         for index in ("0", "1"):
             cluster.apply(
                 {
@@ -298,6 +164,8 @@ async def test_not_injected_trainjob_pods(
                     "metadata": {
                         "name": f"bare-tj-node-0-{index}",
                         "namespace": ns,
+                        "ownerReferences": [controller_ref(owner)],
+                        "annotations": KWOK_KEEPS_RUNNING,
                         "labels": {
                             "jobset.sigs.k8s.io/jobset-name": "bare-tj",
                             "jobset.sigs.k8s.io/job-index": "0",

@@ -284,11 +284,45 @@ def _load(inf: Informer, obj: dict[str, Any]) -> None:
     inf.store.put(inf.transform(fresh) if inf.transform else fresh)
 
 
+def _owned(kind: d.JobKind, job: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
+    """`pod` owned as its kind's operator owns its pods (ownership.py): a PyTorchJob directly, a
+    TrainJob through a batch Job and a JobSet (their answers are put in the controller's cache)."""
+    pod = copy.deepcopy(pod)
+    if kind is d.PYTORCHJOB:
+        ref = {"apiVersion": kind.api_version, "kind": kind.kind, "name": JOB}
+        pod["metadata"]["ownerReferences"] = [
+            {**ref, "uid": job["metadata"]["uid"], "controller": True}
+        ]
+    else:
+        ref = {"apiVersion": "batch/v1", "kind": "Job", "name": f"{JOB}-node-0", "uid": "j"}
+        pod["metadata"]["ownerReferences"] = [{**ref, "controller": True}]
+    return pod
+
+
 def _fill(ctrl: ProgressController, sc: dict[str, Any]) -> None:
+    from progress_controller.ownership import OwnerFacts
+
     jobs = ctrl.jobs if sc["kind"] is d.PYTORCHJOB else ctrl.trainjobs.informer
     assert jobs is not None
     _load(jobs, sc["job"])
-    for pod in sc["pods"]:
+    job_uid = sc["job"]["metadata"]["uid"]
+    jobset = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "name": JOB,
+        "uid": "js",
+        "controller": True,
+    }
+    tj = {
+        "apiVersion": d.TRAINJOB.api_version,
+        "kind": "TrainJob",
+        "name": JOB,
+        "uid": job_uid,
+        "controller": True,
+    }
+    ctrl.owners._facts["j"] = (OwnerFacts(True, jobset), float("inf"))
+    ctrl.owners._facts["js"] = (OwnerFacts(True, tj), float("inf"))
+    for pod in [_owned(sc["kind"], sc["job"], p) for p in sc["pods"]]:
         labels = pod["metadata"]["labels"]
         if labels.get(d.INJECTED_LABEL) == "true":
             _load(ctrl.pods, pod)
@@ -317,8 +351,28 @@ def _fill(ctrl: ProgressController, sc: dict[str, Any]) -> None:
         tp = {
             "apiVersion": TRAINING_PROGRESS.api_version,
             "kind": TRAINING_PROGRESS.kind,
-            "metadata": {"name": JOB, "namespace": NS, "uid": "tp-uid", "resourceVersion": "9"},
-            "spec": {"jobRef": {"kind": sc["kind"].kind, "name": JOB}},
+            "metadata": {
+                "name": JOB,
+                "namespace": NS,
+                "uid": "tp-uid",
+                "resourceVersion": "9",
+                "ownerReferences": [
+                    {
+                        "apiVersion": sc["kind"].api_version,
+                        "kind": sc["kind"].kind,
+                        "name": JOB,
+                        "uid": sc["job"]["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "jobRef": {
+                    "apiVersion": sc["kind"].api_version,
+                    "kind": sc["kind"].kind,
+                    "name": JOB,
+                }
+            },
             "status": sc["prev"],
         }
         _load(ctrl.tps, tp)
@@ -336,7 +390,7 @@ async def _effects(trim: bool, sc: dict[str, Any]) -> list[Any]:
     _fill(ctrl, sc)
     with mock.patch.object(controller_module, "datetime", _FixedNow):
         for _ in range(2):  # a second pass: what the first one left in the controller's state
-            result = await ctrl.reconcile(Request(NS, JOB))
+            result = await ctrl.reconcile(Request.from_key(d.job_key(sc["kind"], NS, JOB)))
             fx.log.append(("result", result))
     await ctrl.client.close()
     return fx.log
