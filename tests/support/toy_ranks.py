@@ -87,6 +87,7 @@ def _env(tmp: Path, rank: int, **extra: str) -> dict[str, str]:
         "CHECKPOINT_CONTROL_DIR": str(tmp / f"run-{rank}"),  # one pod per rank
         "KUBECKPT_TERMINATION_LOG": str(tmp / f"termination-{rank}"),
         "PROGRESS_UPDATE_FREQUENCY": "1",
+        "KUBECKPT_STAGING_DIR": str(tmp / f"staging-{rank}"),  # s3:// uploads: one pod per rank
     }
     env.update(extra)
     return env

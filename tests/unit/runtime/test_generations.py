@@ -257,3 +257,33 @@ def test_the_manifest_keys_are_checked(tmp_path: Path) -> None:
     for bad in ({MANIFEST_SEQUENCE: 0}, {MANIFEST_SEQUENCE: "7"}, {MANIFEST_GENERATION: -1}):
         with pytest.raises(ContractError):
             build_manifest(tmp_path, **base, extra=bad)
+
+
+def test_the_same_on_s3(job, s3_root, tmp_path: Path) -> None:
+    """s3:// (a moto server): the issue's scenario, resume from the newest across generations,
+    and the listing of both generations."""
+    from trainer_runtime import listing
+
+    fs, uri = s3_root
+    prefix = uri.removeprefix("s3://")
+    env = {"CHECKPOINT_URI": uri, "CHECKPOINT_MAX_CHECKPOINTS": "3"}
+    saves(job(2, **env), [3000, 4000, 5000])
+    fs.invalidate_cache()
+    old = {k: fs.cat_file(k) for k in fs.find(prefix)}
+    assert saves(job(2, **env, CHECKPOINT_RESUME="false"), [100], jit_at=150) == [None, None]
+    restored = saves(job(2, **env), [160, 170])
+    assert [r.step for r in restored] == [150, 150]
+    assert restored[0].location == f"{uri}/generation-1/checkpoint-150"
+    fs.invalidate_cache()
+    assert {k: fs.cat_file(k) for k in fs.find(prefix) if k in old} == old  # untouched
+    doc = listing.listing(uri, None)
+    got = [(c["generation"], c["step"], c["state"]) for c in doc["checkpoints"]]
+    assert got == [
+        (1, 170, "complete"),
+        (1, 160, "complete"),
+        (1, 150, "complete"),
+        (0, 5000, "complete"),
+        (0, 4000, "complete"),
+        (0, 3000, "complete"),
+    ]
+    assert [c["sequence"] for c in doc["checkpoints"]] == [7, 6, 5, 3, 2, 1]

@@ -312,32 +312,6 @@ def test_bad_arguments_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
     assert json.loads(capsys.readouterr().out)["checkpoints"] == []
 
 
-@pytest.fixture
-def s3_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, str]]:
-    """A bucket on a local moto server, reached with the AWS_* variables the webhook passes."""
-    moto_server = pytest.importorskip("moto.server")
-    from localcluster import free_port
-
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-    }.items():
-        monkeypatch.setenv(key, value)
-    try:
-        from trainer_runtime.storage import _s3_filesystem
-
-        fs = _s3_filesystem()
-        fs.mkdir("listing-test")
-        yield fs, "s3://listing-test/ns/job"
-    finally:
-        server.stop()
-
-
 def test_s3_tier(s3_root, tmp_path: Path) -> None:
     from trainer_runtime.storage import S3Tier
 
