@@ -48,10 +48,11 @@ def newest_first(entries: Iterable[Entry]) -> list[Entry]:
 
 
 def expired(entries: Iterable[Entry], generation: int, keep: int) -> list[Entry]:
-    """What retention deletes: the complete checkpoints of `generation` beyond the `keep` newest
-    by commit order (the newest is always kept). Other generations are never touched."""
+    """What retention deletes, oldest first: the complete checkpoints of `generation` beyond the
+    `keep` newest by commit order (the newest is always kept). Other generations are never
+    touched."""
     mine = [e for e in newest_first(entries) if e.generation == generation]
-    return mine[max(1, keep) :]
+    return mine[max(1, keep) :][::-1]
 
 
 def next_sequence(proposed: int, entries: Iterable[Entry]) -> int:

@@ -216,7 +216,7 @@ def e(step: int, seq: int | None, gen: int = 0, done: bool = True) -> Entry:
 
 def test_retention_is_by_commit_order_within_one_generation() -> None:
     entries = [e(3000, 1), e(4000, 2), e(5000, 3), e(100, 4), e(200, 5), e(9, 1, gen=1)]
-    assert [x.step for x in generations.expired(entries, 0, 3)] == [4000, 3000]
+    assert [x.step for x in generations.expired(entries, 0, 3)] == [3000, 4000]
     assert [x.step for x in generations.expired(entries, 1, 0)] == []  # the newest always stays
     # Manifests without a sequence (before it existed) are older than any with one, by step.
     legacy = [e(3000, None), e(5000, None), e(100, 1)]
