@@ -302,8 +302,10 @@ class KubeckptCallback(TrainerCallback):
             guard_kubeflow_callbacks(self._hf_trainer, lambda: self.stopped)
         ckpt, stop = self._ensure()
         # The generation this run writes, where `restore` did not decide it (resume off, or a
-        # checkpoint the script passed to train() itself); the Trainer's own saves go there too.
-        resumed = bool(self.resumed_from) and ckpt.resumed is None
+        # checkpoint the script passed to train() itself: the Trainer has loaded its state by
+        # now, so a step past 0 says it resumed; from which generation, where the path is
+        # known); the Trainer's own saves go there too.
+        resumed = bool(self.resumed_from) or state.global_step > 0
         ckpt.plan(resumed=resumed, restored=_generation_of(self.resumed_from, self.root))
         if isinstance(ckpt.persistent, LocalTier) and self.config.enabled:
             args.output_dir = str(ckpt.persistent.directory)
