@@ -32,7 +32,6 @@ from pathlib import Path
 from . import heartbeat
 from .contract import (
     INCOMPLETE_SENTINEL,
-    ContractError,
     Manifest,
     checkpoint_dir_name,
     generation_dir_name,
@@ -40,6 +39,7 @@ from .contract import (
     parse_checkpoint_dir_name,
     parse_generation_dir_name,
     read_manifest,
+    read_sequence,
     verify,
     write_manifest_atomic,
 )
@@ -114,18 +114,10 @@ def scan(root: str | os.PathLike[str]) -> list[Entry]:
     return found
 
 
-def read_sequence(path: str | os.PathLike[str]) -> int | None:
-    """A complete checkpoint's sequence; None for a manifest without one or an invalid one (it
-    orders oldest). OSError when the manifest cannot be read: nothing is known of it then."""
-    try:
-        return read_manifest(path).sequence
-    except ContractError:
-        return None
-
-
 def with_sequences(root: str | os.PathLike[str], entries: list[Entry]) -> list[Entry]:
-    """`entries` with the sequence of each complete one read from its manifest (OSError when a
-    manifest cannot be read)."""
+    """`entries` with the sequence of each complete one read from its manifest (None for one
+    without, or an invalid one: it orders oldest); OSError when a manifest cannot be read, since
+    nothing is known of it then."""
     return [
         dataclasses.replace(e, sequence=read_sequence(checkpoint_path(root, e.step, e.generation)))
         if e.complete

@@ -21,12 +21,12 @@ from . import layout
 from .contract import (
     INCOMPLETE_SENTINEL,
     MANIFEST_FILE,
-    ContractError,
     Manifest,
     checkpoint_dir_name,
     generation_dir_name,
     parse_checkpoint_dir_name,
     parse_generation_dir_name,
+    sequence_of,
 )
 from .fsutil import remove_tree
 from .generations import Entry, expired, next_sequence
@@ -242,10 +242,7 @@ class S3Tier(Tier):
         for e in entries:
             if e.complete:
                 data = self.fs.cat_file(self._key(e.step, MANIFEST_FILE, e.generation))
-                try:
-                    e = dataclasses.replace(e, sequence=Manifest.from_json(data).sequence)
-                except ContractError:
-                    pass  # an invalid manifest orders oldest
+                e = dataclasses.replace(e, sequence=sequence_of(data))
             out.append(e)
         return out
 

@@ -75,6 +75,8 @@ from .manifest import (
     parse_checksum,
     preferred_checksum,
     read_manifest,
+    read_sequence,
+    sequence_of,
     verify,
     write_manifest_atomic,
 )
@@ -182,6 +184,8 @@ __all__ = [
     "parse_rfc3339",
     "preferred_checksum",
     "read_manifest",
+    "read_sequence",
+    "sequence_of",
     "verify",
     "write_manifest_atomic",
 ]

@@ -575,6 +575,29 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
     return Manifest.from_json(data)
 
 
+def sequence_of(data: bytes) -> int | None:
+    """The MANIFEST_SEQUENCE of a manifest's bytes, or None (none, or not a manifest). Only that
+    key is checked, not every file entry: retention and the next commit read it from each
+    checkpoint of a generation, and a sharded checkpoint's manifest lists thousands of files.
+    A manifest invalid elsewhere is still refused where it matters, by restore."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        return None
+    try:
+        obj = json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, ContractError, RecursionError):
+        return None
+    value = obj.get(MANIFEST_SEQUENCE) if isinstance(obj, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        return None
+    return value
+
+
+def read_sequence(directory: str | os.PathLike[str]) -> int | None:
+    """`sequence_of` the manifest in `directory` (OSError when it cannot be read)."""
+    with open(Path(directory, MANIFEST_FILE), "rb") as f:
+        return sequence_of(f.read(MAX_MANIFEST_BYTES + 1))
+
+
 def is_complete(directory: str | os.PathLike[str]) -> bool:
     """DESIGN.md's completeness rule: the manifest exists and the sentinel is gone.
 

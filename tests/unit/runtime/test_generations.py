@@ -287,3 +287,12 @@ def test_the_same_on_s3(job, s3_root, tmp_path: Path) -> None:
         (0, 3000, "complete"),
     ]
     assert [c["sequence"] for c in doc["checkpoints"]] == [7, 6, 5, 3, 2, 1]
+
+
+def test_the_sequence_is_read_without_validating_every_file() -> None:
+    from trainer_runtime.contract import sequence_of
+
+    assert sequence_of(b'{"sequence": 4, "files": [{"path": "../x"}]}') == 4
+    for bad in (b"{", b"[]", b'{"sequence": 0}', b'{"sequence": true}', b'{"sequence": 1.5}'):
+        assert sequence_of(bad) is None
+    assert sequence_of(b'{"sequence": NaN}') is None
