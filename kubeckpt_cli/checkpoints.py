@@ -167,10 +167,23 @@ async def run_listing(
     return doc
 
 
+def relative_name(c: dict[str, Any]) -> str:
+    """A listed checkpoint as the runtime names it relative to CHECKPOINT_URI:
+    `checkpoint-<step>`, or `generation-<N>/checkpoint-<step>` in a later generation (a job
+    re-created with resume "false" writes one beside the earlier run's checkpoints). A local-tier
+    copy is its name alone: the ramdisk has no generation directories."""
+    name = str(c.get("name") or checkpoint_name(str(c.get("location", ""))) or "-")
+    generation = c.get("generation")
+    if c.get("tier") == "local" or not isinstance(generation, int) or generation <= 0:
+        return name
+    return f"generation-{generation}/{name}"
+
+
 def add_reasons(doc: dict[str, Any], tp: dict[str, Any]) -> None:
     """Why each checkpoint exists. The manifest says it (`reason`, written by the runtime since
     it had the key); for one without, the TrainingProgress says it of the latest checkpoint. The
-    checkpoint the run resumed from is marked as such (status.resumedFrom)."""
+    checkpoint the run resumed from is marked as such (status.resumedFrom: its location, or its
+    name relative to CHECKPOINT_URI, which is what the runtime reports)."""
     status = tp.get("status") or {}
     ck = status.get("checkpointing") or {}
     latest, reason = ck.get("latestCheckpoint"), ck.get("latestCheckpointReason")
@@ -180,7 +193,7 @@ def add_reasons(doc: dict[str, Any], tp: dict[str, Any]) -> None:
             continue
         if not c.get("reason") and latest and reason and c.get("location") == latest:
             c["reason"] = reason
-        if resumed and c.get("location") == resumed:
+        if resumed and resumed in (c.get("location"), relative_name(c)):
             c["resumedFrom"] = True
 
 
@@ -213,7 +226,7 @@ def checkpoint_rows(doc: dict[str, Any]) -> list[list[str]]:
         rows.append(
             [
                 str(c.get("tier", "-")),
-                str(c.get("name") or checkpoint_name(str(c.get("location", ""))) or "-"),
+                relative_name(c),
                 str(c.get("step", "-")),
                 str(c.get("state", "-")),
                 clean(_reason(c), 40),
@@ -231,7 +244,7 @@ def checkpoint_notes(doc: dict[str, Any]) -> list[str]:
     for c in doc["checkpoints"]:
         if isinstance(c, dict):
             for p in c.get("problems") or []:
-                notes.append(f"{c.get('name')} ({c.get('tier')}): {p}")
+                notes.append(f"{relative_name(c)} ({c.get('tier')}): {p}")
     for t in doc.get("tiers") or []:
         if isinstance(t, dict) and t.get("error"):
             notes.append(f"{t.get('tier')} tier {t.get('root')}: {t['error']}")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, Self
 
 from .config import Config
-from .contract import ProgressRecord, checkpoint_dir_name
+from .contract import ProgressRecord
 from .progress_writer import ProgressWriter
 from .protocol import Agreement, Checkpointer, Loader, Member, Report, Restored
 from .protocol.resume import same_world_size
@@ -246,9 +246,9 @@ class AdapterBase:
 
     @property
     def resumed_from(self) -> str | None:
-        """ "checkpoint-<step>" this process resumed from."""
-        restored = self._ckpt.resumed
-        return checkpoint_dir_name(restored.step) if restored else None
+        """ "checkpoint-<step>" this process resumed from (`generation-<N>/checkpoint-<step>`
+        in a later generation of CHECKPOINT_URI)."""
+        return self._ckpt.resumed_name
 
     @property
     def resumed_tier(self) -> str | None:

@@ -61,10 +61,10 @@ class Heartbeat(threading.Thread):
         super().__init__(name=f"kubeckpt-heartbeat:{sentinel.parent.name}", daemon=True)
         self.sentinel = sentinel
         self.interval = interval
-        self._stop = threading.Event()
+        self._halt = threading.Event()  # not `_stop`: that is Thread's own method, join() calls it
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._halt.wait(self.interval):
             try:
                 os.utime(self.sentinel)
             except FileNotFoundError:
@@ -73,7 +73,7 @@ class Heartbeat(threading.Thread):
                 log.debug("kubeckpt: heartbeat on %s: %s", self.sentinel, e)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
 
 def start(sentinel: Path) -> Heartbeat:

@@ -1,6 +1,7 @@
 """The checkpoint protocol on a local or mounted filesystem (stdlib only).
 
-`<root>/checkpoint-<step>/` is written in this order, each step durable before the next:
+`<root>/checkpoint-<step>/` (or `<root>/generation-<N>/checkpoint-<step>/`, generations.py) is
+written in this order, each step durable before the next:
 
 1. the directory, holding only the sentinel `checkpoint-is-incomplete.txt` (fsynced with both
    directories), so even an empty leftover is recognisably incomplete; the writer touches it
@@ -21,11 +22,11 @@ missing.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import heartbeat
@@ -33,29 +34,66 @@ from .contract import (
     INCOMPLETE_SENTINEL,
     Manifest,
     checkpoint_dir_name,
+    generation_dir_name,
     is_complete,
     parse_checkpoint_dir_name,
+    parse_generation_dir_name,
     read_manifest,
+    read_sequence,
     verify,
     write_manifest_atomic,
 )
 from .fsutil import fsync_dir, remove_tree, sweep_trash, write_durable
+from .generations import Entry, expired
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "Entry",
+    "begin",
+    "checkpoint_path",
+    "finalize",
+    "generation_dir",
+    "generation_dirs",
+    "remove_incomplete",
+    "retain",
+    "scan",
+    "scan_dir",
+    "verify_checkpoint",
+    "with_sequences",
+]
 
-@dataclass(frozen=True)
-class Entry:
-    """One `checkpoint-<step>` directory found in a tier."""
 
-    step: int
-    complete: bool
+def generation_dir(root: str | os.PathLike[str], generation: int) -> Path:
+    """Where generation `generation` of `root` keeps its checkpoints (0: `root` itself)."""
+    root = Path(root)
+    return root if generation == 0 else root / generation_dir_name(generation)
 
 
-def scan(root: str | os.PathLike[str]) -> list[Entry]:
-    """Every checkpoint directory under `root`, oldest step first."""
+def checkpoint_path(root: str | os.PathLike[str], step: int, generation: int = 0) -> Path:
+    return generation_dir(root, generation) / checkpoint_dir_name(step)
+
+
+def generation_dirs(root: str | os.PathLike[str]) -> dict[int, Path]:
+    """Every generation under `root`, 0 (`root` itself) included when it exists; symlinks are
+    not generations (nor checkpoints), so nothing is reached outside `root`."""
+    root = Path(root)
     try:
         entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return {}
+    found = {0: root}
+    for entry in entries:
+        n = parse_generation_dir_name(entry.name)
+        if n is not None and entry.is_dir(follow_symlinks=False):
+            found[n] = Path(entry.path)
+    return found
+
+
+def scan_dir(directory: str | os.PathLike[str], generation: int = 0) -> list[Entry]:
+    """The checkpoint directories directly in `directory` (one generation), oldest step first."""
+    try:
+        entries = list(os.scandir(directory))
     except FileNotFoundError:
         return []
     found = []
@@ -63,15 +101,37 @@ def scan(root: str | os.PathLike[str]) -> list[Entry]:
         step = parse_checkpoint_dir_name(entry.name)
         if step is None or not entry.is_dir(follow_symlinks=False):
             continue
-        found.append(Entry(step=step, complete=is_complete(entry.path)))
+        found.append(Entry(step=step, complete=is_complete(entry.path), generation=generation))
     found.sort(key=lambda e: e.step)
     return found
+
+
+def scan(root: str | os.PathLike[str]) -> list[Entry]:
+    """Every checkpoint directory under `root`, in every generation: by generation, then step."""
+    found: list[Entry] = []
+    for generation, directory in sorted(generation_dirs(root).items()):
+        found += scan_dir(directory, generation)
+    return found
+
+
+def with_sequences(root: str | os.PathLike[str], entries: list[Entry]) -> list[Entry]:
+    """`entries` with the sequence of each complete one read from its manifest (None for one
+    without, or an invalid one: it orders oldest); OSError when a manifest cannot be read, since
+    nothing is known of it then."""
+    return [
+        dataclasses.replace(e, sequence=read_sequence(checkpoint_path(root, e.step, e.generation)))
+        if e.complete
+        else e
+        for e in entries
+    ]
 
 
 def begin(root: str | os.PathLike[str], step: int) -> Path:
     """Create `checkpoint-<step>/` holding only the sentinel (a stale one is replaced)."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        fsync_dir(root.parent)  # a new generation's directory survives a crash too
     path = root / checkpoint_dir_name(step)
     if path.exists():
         # Left by a crash, or a save at this step that failed: never write into old files.
@@ -96,27 +156,34 @@ def finalize(path: str | os.PathLike[str], manifest: Manifest) -> None:
 
 
 def remove_incomplete(root: str | os.PathLike[str]) -> list[int]:
-    """Delete incomplete checkpoints (and interrupted deletions); the steps removed."""
-    sweep_trash(root)
+    """Delete incomplete checkpoints (and interrupted deletions) in every generation under
+    `root`; the steps removed. Only what never completed goes: a complete checkpoint of any
+    generation is left alone."""
     removed = []
-    for entry in scan(root):
-        if not entry.complete:
-            remove_tree(Path(root, checkpoint_dir_name(entry.step)))
-            removed.append(entry.step)
+    for generation, directory in sorted(generation_dirs(root).items()):
+        sweep_trash(directory)
+        for entry in scan_dir(directory, generation):
+            if not entry.complete:
+                remove_tree(directory / checkpoint_dir_name(entry.step))
+                removed.append(entry.step)
     if removed:
         log.info("kubeckpt: removed incomplete checkpoints %s in %s", removed, root)
     return removed
 
 
-def retain(root: str | os.PathLike[str], keep: int) -> list[int]:
-    """Keep the `keep` newest complete checkpoints (at least the newest); the steps deleted.
+def retain(root: str | os.PathLike[str], keep: int, generation: int = 0) -> list[int]:
+    """Keep the `keep` newest complete checkpoints of `generation` by commit order (at least the
+    newest); the steps deleted. Other generations are never touched.
 
-    Incomplete directories are left alone here: one may be a save still in progress.
+    Incomplete directories are left alone here: one may be a save still in progress. A manifest
+    that cannot be read (OSError) stops retention this time: its place in commit order is
+    unknown, and the next commit tries again.
     """
-    complete = [e.step for e in scan(root) if e.complete]
-    doomed = complete[: max(0, len(complete) - max(1, keep))]
+    directory = generation_dir(root, generation)
+    entries = with_sequences(root, scan_dir(directory, generation))
+    doomed = [e.step for e in expired(entries, generation, keep)]
     for step in doomed:
-        remove_tree(Path(root, checkpoint_dir_name(step)))
+        remove_tree(directory / checkpoint_dir_name(step))
     return doomed
 
 

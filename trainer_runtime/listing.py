@@ -5,9 +5,11 @@ sees its storage (a PVC mounted there, the ramdisk tier, the object store's cred
 lives in the runtime, which every injected training image has (installed, or copied in by the
 zero-code init container), and uses only the standard library (fsspec for s3://, when installed).
 
-Where to look comes from the env the webhook injected: CHECKPOINT_URI (persistent) and
-CHECKPOINT_LOCAL_DIR (the ramdisk tier). It only reads: never verifies checksums (hashing a large
-checkpoint would slow the training beside it), never follows a symlink, never removes anything.
+Where to look comes from the env the webhook injected: CHECKPOINT_URI (persistent, with its
+generations: `generation-<N>/` beside the root's own checkpoints, trainer_runtime/generations.py)
+and CHECKPOINT_LOCAL_DIR (the ramdisk tier). It only reads: never verifies checksums (hashing a
+large checkpoint would slow the training beside it), never follows a symlink, never removes
+anything.
 Everything is bounded, since a volume may hold anything: directory entries read per tier, files
 walked per checkpoint, checkpoints listed (the newest first), and the size of the output, which
 drops the oldest entries to fit and says so (`truncated`). The output is ASCII JSON
@@ -18,8 +20,15 @@ Per checkpoint `state` is one of:
 - `damaged`: manifest valid and sentinel gone, but files are missing or of another size (resume
   would reject it);
 - `invalid`: sentinel gone, but the manifest is unreadable or breaks the contract;
-- `writing`: the sentinel is there and its writer's heartbeat is live (handover.py);
+- `writing`: the sentinel is there and its writer's heartbeat is live: it changed while the
+  listing watched it (WATCH_SECONDS, once for all sentinels, only when there is one), the way
+  handover.py tells, so no clock is compared with the storage's;
 - `incomplete`: anything else (no manifest, or a sentinel nobody touches: a crashed save).
+
+Each checkpoint also says its `generation` (a local copy: the generation its run wrote) and its
+`sequence` in commit order (from the manifest; None before sequences existed). They are listed
+newest first: the latest generation first, and in it by commit order, checkpoints still without
+a manifest first.
 
 The manifest records why a checkpoint was written (its `reason` key, MANIFEST_REASON); for a
 manifest without one (written by an older runtime or another writer) the CLI falls back on the
@@ -34,7 +43,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -49,7 +58,9 @@ from .contract import (
     ContractError,
     Manifest,
     checkpoint_dir_name,
+    generation_dir_name,
     parse_checkpoint_dir_name,
+    parse_generation_dir_name,
     verify,
 )
 from .contract.progress import format_rfc3339
@@ -57,11 +68,13 @@ from .contract.progress import format_rfc3339
 FORMAT_VERSION: Final = 1
 DEFAULT_MAX_ENTRIES: Final = 200
 DEFAULT_MAX_BYTES: Final = 256 * 1024
-MAX_DIR_ENTRIES: Final = 10_000  # entries read from one tier's root
+MAX_DIR_ENTRIES: Final = 10_000  # directory entries read in one tier, its generations included
 MAX_WALK_FILES: Final = 10_000  # files counted in one checkpoint without a manifest
 MAX_PROBLEMS: Final = 5  # problems reported per checkpoint
 MAX_TEXT: Final = 300  # characters of one problem or error message
-LIVE_SECONDS: Final = 5.0  # a sentinel touched this recently has a live writer (handover.py)
+# How long the listing watches sentinels for a heartbeat (every second, heartbeat.py): a writer
+# whose sentinel changes meanwhile is live.
+WATCH_SECONDS: Final = 2.5
 
 
 def _text(value: object) -> str:
@@ -104,12 +117,14 @@ def _read_manifest(path: Path) -> Manifest:
         return Manifest.from_json(f.read(MAX_MANIFEST_BYTES + 1))
 
 
-def _entry(tier: str, name: str, step: int, location: str) -> dict[str, Any]:
+def _entry(tier: str, name: str, step: int, location: str, generation: int = 0) -> dict[str, Any]:
     """One checkpoint's entry before anything is known of it: incomplete until shown otherwise."""
     return {
         "tier": tier,
         "name": name,
         "step": step,
+        "generation": generation,
+        "sequence": None,
         "location": location,
         "complete": False,
         "state": "incomplete",
@@ -120,9 +135,12 @@ def _entry(tier: str, name: str, step: int, location: str) -> dict[str, Any]:
     }
 
 
-def _manifest_info(manifest: Manifest) -> dict[str, Any]:
+def _manifest_info(manifest: Manifest, tier: str) -> dict[str, Any]:
     """What an entry takes from the checkpoint's manifest (both kinds of tier)."""
-    return {
+    info: dict[str, Any] = {"sequence": manifest.sequence}
+    if tier == "local" and manifest.generation is not None:
+        info["generation"] = manifest.generation  # the ramdisk has none: its run's
+    return info | {
         "time": manifest.time,
         "epoch": manifest.epoch,
         "worldSize": manifest.world_size,
@@ -132,9 +150,23 @@ def _manifest_info(manifest: Manifest) -> dict[str, Any]:
     }
 
 
-def describe_checkpoint(path: Path, step: int, tier: str, now: float) -> dict[str, Any]:
-    """What one `checkpoint-<step>` directory of a filesystem tier holds."""
-    info = _entry(tier, checkpoint_dir_name(step), step, str(path))
+def _sentinel_token(path: Path) -> int | None:
+    """The sentinel's modification time, only to compare with a later look (never with a
+    clock); opened first, so that an NFS client asks the server (handover.py)."""
+    try:
+        fd = os.open(path / INCOMPLETE_SENTINEL, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd).st_mtime_ns
+    finally:
+        os.close(fd)
+
+
+def describe_checkpoint(path: Path, step: int, tier: str, generation: int = 0) -> dict[str, Any]:
+    """What one `checkpoint-<step>` directory of a filesystem tier holds. A sentinel's heartbeat
+    is not judged here (`watch_sentinels`): such an entry is `incomplete` for now."""
+    info = _entry(tier, checkpoint_dir_name(step), step, str(path), generation)
     problems: list[str] = info["problems"]
     try:
         sentinel = os.lstat(path / INCOMPLETE_SENTINEL)
@@ -151,7 +183,7 @@ def describe_checkpoint(path: Path, step: int, tier: str, now: float) -> dict[st
         except (OSError, ValueError) as e:  # ContractError is a ValueError
             problems.append(_text(f"unreadable manifest: {e}"))
     if manifest is not None:
-        info.update(_manifest_info(manifest))
+        info.update(_manifest_info(manifest, tier))
         if manifest.tier != tier:
             problems.append(_text(f"manifest says tier {manifest.tier}"))
         reason = manifest.extra.get(MANIFEST_REASON)
@@ -167,10 +199,7 @@ def describe_checkpoint(path: Path, step: int, tier: str, now: float) -> dict[st
         except OSError:
             pass
     if sentinel is not None:
-        live = now - sentinel.st_mtime < LIVE_SECONDS
-        info["state"] = "writing" if live else "incomplete"
-        if not live:
-            problems.append("sentinel left behind: the save did not finish")
+        info["_sentinel"] = (path, _sentinel_token(path))
     elif not has_manifest:
         problems.append("no manifest: the save did not finish")
     elif manifest is None:
@@ -189,57 +218,107 @@ def describe_checkpoint(path: Path, step: int, tier: str, now: float) -> dict[st
     return info
 
 
-def list_directory_tier(root: str, tier: str, now: float) -> tuple[list[dict[str, Any]], dict]:
-    """The checkpoints of a filesystem tier, and the tier's own entry (root, error, capped)."""
+def watch_sentinels(
+    checkpoints: list[dict[str, Any]], seconds: float, sleep: Callable[[float], None]
+) -> None:
+    """Settle the entries that have a sentinel: `writing` when it changed within `seconds` of
+    watching (one wait for them all), `incomplete` with a problem otherwise."""
+    watched = [c for c in checkpoints if "_sentinel" in c]
+    if watched and seconds > 0:
+        sleep(seconds)
+    for c in watched:
+        path, before = c.pop("_sentinel")
+        after = _sentinel_token(path)
+        if before is not None and after is not None and after != before:
+            c["state"] = "writing"
+        else:
+            c["problems"].insert(
+                0, f"sentinel left behind (no heartbeat in {seconds:g} s): the save did not finish"
+            )
+            del c["problems"][MAX_PROBLEMS + 1 :]
+
+
+def list_directory_tier(root: str, tier: str) -> tuple[list[dict[str, Any]], dict]:
+    """The checkpoints of a filesystem tier, every generation, and the tier's own entry (root,
+    error, capped)."""
     summary: dict[str, Any] = {"tier": tier, "root": _text(root), "error": None}
     found: list[dict[str, Any]] = []
-    try:
-        with os.scandir(root) as it:
-            for i, entry in enumerate(it):
-                if i >= MAX_DIR_ENTRIES:
-                    summary["capped"] = True
-                    break
-                step = parse_checkpoint_dir_name(entry.name)
-                # Symlinks are not checkpoints to the runtime either (layout.scan).
-                if step is None or not entry.is_dir(follow_symlinks=False):
-                    continue
-                found.append(describe_checkpoint(Path(entry.path), step, tier, now))
-    except FileNotFoundError:
-        summary["error"] = "does not exist (no checkpoint written yet?)"
-    except OSError as e:
-        summary["error"] = _text(f"unreadable: {e.strerror or e}")
+    budget = MAX_DIR_ENTRIES
+    directories: list[tuple[int, str]] = [(0, root)]
+    while directories:
+        generation, directory = directories.pop(0)
+        try:
+            with os.scandir(directory) as it:
+                for entry in it:
+                    if budget <= 0:
+                        summary["capped"] = True
+                        break
+                    budget -= 1
+                    # Symlinks are not checkpoints (nor generations) to the runtime (layout.scan).
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                    step = parse_checkpoint_dir_name(entry.name)
+                    if step is not None:
+                        found.append(describe_checkpoint(Path(entry.path), step, tier, generation))
+                    elif generation == 0 and (n := parse_generation_dir_name(entry.name)):
+                        directories.append((n, entry.path))
+        except FileNotFoundError:
+            if generation == 0:
+                summary["error"] = "does not exist (no checkpoint written yet?)"
+        except OSError as e:
+            where = "" if generation == 0 else f"{generation_dir_name(generation)}: "
+            summary["error"] = _text(f"{where}unreadable: {e.strerror or e}")
     return found, summary
 
 
 def list_s3_tier(uri: str, tier: str) -> tuple[list[dict[str, Any]], dict]:
-    """The checkpoints under an s3:// URI (fsspec/s3fs, with the pod's AWS_* credentials)."""
+    """The checkpoints under an s3:// URI, every generation (fsspec/s3fs, with the pod's AWS_*
+    credentials)."""
     summary: dict[str, Any] = {"tier": tier, "root": _text(uri), "error": None}
     found: list[dict[str, Any]] = []
+    base = uri.rstrip("/")
     try:
         from .storage import _s3_filesystem
 
         fs = _s3_filesystem()
-        root = uri.rstrip("/").split("://", 1)[1]
-        names = fs.ls(root, detail=False)
+        root = base.split("://", 1)[1]
+        names = [(0, root, str(k)) for k in fs.ls(root, detail=False)[:MAX_DIR_ENTRIES]]
     except FileNotFoundError:
         summary["error"] = "does not exist (no checkpoint written yet?)"
         return found, summary
     except Exception as e:  # a missing package, credentials, the network: say which, go on
         summary["error"] = _text(f"cannot list: {e}")
         return found, summary
-    for key in names[:MAX_DIR_ENTRIES]:
-        name = str(key).rstrip("/").rsplit("/", 1)[-1]
+    budget = MAX_DIR_ENTRIES - len(names)
+    for _, _, key in list(names):
+        n = parse_generation_dir_name(key.rstrip("/").rsplit("/", 1)[-1])
+        if n is None or budget <= 0:
+            continue
+        prefix = f"{root}/{generation_dir_name(n)}"
+        try:
+            keys = [str(k) for k in fs.ls(prefix, detail=False)[:budget]]
+        except Exception as e:
+            summary["error"] = _text(f"{generation_dir_name(n)}: cannot list: {e}")
+            continue
+        budget -= len(keys)
+        names += [(n, prefix, k) for k in keys]
+    if budget <= 0:
+        summary["capped"] = True
+    for generation, prefix, key in names:
+        name = key.rstrip("/").rsplit("/", 1)[-1]
         step = parse_checkpoint_dir_name(name)
         if step is None:
             continue
-        info = _entry(tier, name, step, f"{uri.rstrip('/')}/{name}")
+        where = prefix.removeprefix(root).lstrip("/")
+        location = "/".join(p for p in (base, where, name) if p)
+        info = _entry(tier, name, step, location, generation)
         try:
-            objects = fs.find(f"{root}/{name}", detail=True)
-            rel = {k[len(root) + len(name) + 2 :]: v for k, v in list(objects.items())}
+            objects = fs.find(f"{prefix}/{name}", detail=True)
+            rel = {k[len(prefix) + len(name) + 2 :]: v for k, v in list(objects.items())}
             data = rel.get(MANIFEST_FILE)
             if data is not None and int(data.get("size") or 0) <= MAX_MANIFEST_BYTES:
-                manifest = Manifest.from_json(fs.cat_file(f"{root}/{name}/{MANIFEST_FILE}"))
-                info.update(_manifest_info(manifest))
+                manifest = Manifest.from_json(fs.cat_file(f"{prefix}/{name}/{MANIFEST_FILE}"))
+                info.update(_manifest_info(manifest, tier))
                 missing = [f.path for f in manifest.files if f.path not in rel]
                 if INCOMPLETE_SENTINEL in rel:
                     info["problems"].append("sentinel present: the upload did not finish")
@@ -259,14 +338,29 @@ def list_s3_tier(uri: str, tier: str) -> tuple[list[dict[str, Any]], dict]:
     return found, summary
 
 
+def newest_first(checkpoint: dict[str, Any]) -> tuple:
+    """Sort key: the latest generation first; in it, by commit order, the newest first, those
+    without a usable manifest (being written, or never finished) before the others, and a
+    manifest from before sequences after every one with a sequence; then by step."""
+    sequence = checkpoint.get("sequence")
+    if isinstance(sequence, int):
+        order: float = sequence
+    else:
+        order = 0 if checkpoint["state"] in ("complete", "damaged") else float("inf")
+    return (-checkpoint["generation"], -order, -checkpoint["step"], checkpoint["tier"])
+
+
 def listing(
     persistent: str | None,
     local: str | None,
     *,
     max_entries: int = DEFAULT_MAX_ENTRIES,
     now: float | None = None,
+    watch: float = WATCH_SECONDS,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    """The document `main` prints: both tiers' checkpoints, newest step first."""
+    """The document `main` prints: both tiers' checkpoints, newest first (`newest_first`).
+    `watch`: how long to watch sentinels for a live writer (only when there is one)."""
     now = time.time() if now is None else now
     checkpoints: list[dict[str, Any]] = []
     tiers: list[dict[str, Any]] = []
@@ -281,10 +375,11 @@ def listing(
             else:
                 found, summary = [], {"tier": tier, "root": root, "error": "unsupported scheme"}
         else:
-            found, summary = list_directory_tier(root, tier, now)
+            found, summary = list_directory_tier(root, tier)
         checkpoints += found
         tiers.append(summary)
-    checkpoints.sort(key=lambda c: (-c["step"], c["tier"]))
+    watch_sentinels(checkpoints, watch, sleep)
+    checkpoints.sort(key=newest_first)
     truncated = len(checkpoints) > max_entries
     return {
         "formatVersion": FORMAT_VERSION,

@@ -1,14 +1,16 @@
 """Checkpoint tiers: a directory (local ramdisk, PVC mount, file://) or s3:// through fsspec.
 
 Every tier gives writers a local directory (`write_dir`) and keeps the layout protocol of
-layout.py. For s3:// that directory is a staging copy: each rank uploads its own files
-(`publish`), and the coordinator commits by uploading the manifest last and deleting the sentinel,
-so a checkpoint counts only once every byte is in the bucket. fsspec/s3fs are imported only when an
+layout.py, generations included (`<root>/generation-<N>/checkpoint-<step>`, generations.py). For
+s3:// that directory is a staging copy: each rank uploads its own files (`publish`), and the
+coordinator commits by uploading the manifest last and deleting the sentinel, so a checkpoint
+counts only once every byte is in the bucket. fsspec/s3fs are imported only when an
 s3:// URI is used, so the core stays standard-library only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -21,10 +23,13 @@ from .contract import (
     MANIFEST_FILE,
     Manifest,
     checkpoint_dir_name,
+    generation_dir_name,
     parse_checkpoint_dir_name,
+    parse_generation_dir_name,
+    sequence_of,
 )
 from .fsutil import remove_tree
-from .layout import Entry
+from .generations import Entry, expired, next_sequence
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +39,29 @@ class StorageError(RuntimeError):
 
 
 class Tier:
-    """Interface of a checkpoint tier. `name` is the manifest's tier: "local" or "persistent"."""
+    """Interface of a checkpoint tier. `name` is the manifest's tier: "local" or "persistent".
+
+    Reads see every generation (generations.py); writes, and retention, go to `generation`, the
+    one this run writes (Checkpointer.plan sets it; 0, the root itself, until then)."""
 
     name: str
     root: str
+    generation: int = 0
 
-    def location(self, step: int) -> str:
+    def location(self, step: int, generation: int | None = None) -> str:
         raise NotImplementedError
 
     def scan(self) -> list[Entry]:
+        """Every checkpoint directory, in every generation."""
+        raise NotImplementedError
+
+    def generations(self) -> set[int]:
+        """The generations there are, a checkpoint in them or not."""
+        return {e.generation for e in self.scan()}
+
+    def with_sequences(self, entries: list[Entry]) -> list[Entry]:
+        """`entries` with each complete one's sequence read from its manifest (None for a manifest
+        without one, or an invalid one); raises when a manifest cannot be read."""
         raise NotImplementedError
 
     def begin(self, step: int) -> Path:
@@ -56,6 +75,11 @@ class Tier:
     def publish(self, step: int, relpaths: list[str]) -> None:
         """Each rank, after writing and fsyncing its files: make them durable in the tier."""
 
+    def next_sequence(self, proposed: int) -> int:
+        """Coordinator only, just before `commit`: the new checkpoint's place in commit order."""
+        mine = [e for e in self.scan() if e.generation == self.generation]
+        return next_sequence(proposed, self.with_sequences(mine))
+
     def commit(self, step: int, manifest: Manifest) -> str:
         """Coordinator only, after every rank published: manifest last, then the sentinel goes."""
         raise NotImplementedError
@@ -68,17 +92,19 @@ class Tier:
         raise NotImplementedError
 
     def remove_incomplete(self) -> list[int]:
+        """Every incomplete checkpoint, in every generation (never complete ones)."""
         raise NotImplementedError
 
     def retain(self, keep: int) -> list[int]:
+        """Retention in the generation being written, by commit order (generations.expired)."""
         raise NotImplementedError
 
-    def fetch(self, step: int) -> Path:
+    def fetch(self, step: int, generation: int = 0) -> Path:
         """A local directory holding checkpoint `step` (downloaded first for remote tiers).
         One process per node calls it; the others use `fetch_dir`."""
         raise NotImplementedError
 
-    def fetch_dir(self, step: int) -> Path:
+    def fetch_dir(self, step: int, generation: int = 0) -> Path:
         """Where `fetch` puts checkpoint `step`."""
         raise NotImplementedError
 
@@ -87,7 +113,7 @@ class Tier:
         """Whether every node sees the same files in `fetch_dir` (no per-node copy)."""
         return True
 
-    def release_fetched(self, step: int) -> None:
+    def release_fetched(self, step: int, generation: int = 0) -> None:
         """Drop what `fetch` downloaded."""
 
 
@@ -95,21 +121,38 @@ class LocalTier(Tier):
     def __init__(self, root: str | os.PathLike[str], name: str) -> None:
         self.root = str(root)
         self.name = name
+        self.generation = 0
 
     def __repr__(self) -> str:
         return f"LocalTier({self.name}, {self.root})"
 
-    def location(self, step: int) -> str:
-        return str(Path(self.root, checkpoint_dir_name(step)))
+    @property
+    def directory(self) -> Path:
+        """The directory of the generation this run writes."""
+        return layout.generation_dir(self.root, self.generation)
+
+    def location(self, step: int, generation: int | None = None) -> str:
+        g = self.generation if generation is None else generation
+        return str(layout.checkpoint_path(self.root, step, g))
 
     def scan(self) -> list[Entry]:
         return layout.scan(self.root)
 
+    def generations(self) -> set[int]:
+        return set(layout.generation_dirs(self.root))
+
+    def with_sequences(self, entries: list[Entry]) -> list[Entry]:
+        return layout.with_sequences(self.root, entries)
+
+    def next_sequence(self, proposed: int) -> int:
+        mine = layout.scan_dir(self.directory, self.generation)
+        return next_sequence(proposed, self.with_sequences(mine))
+
     def begin(self, step: int) -> Path:
-        return layout.begin(self.root, step)
+        return layout.begin(self.directory, step)
 
     def write_dir(self, step: int) -> Path:
-        return Path(self.root, checkpoint_dir_name(step))
+        return self.directory / checkpoint_dir_name(step)
 
     def commit(self, step: int, manifest: Manifest) -> str:
         layout.finalize(self.write_dir(step), manifest)
@@ -122,13 +165,13 @@ class LocalTier(Tier):
         return layout.remove_incomplete(self.root)
 
     def retain(self, keep: int) -> list[int]:
-        return layout.retain(self.root, keep)
+        return layout.retain(self.root, keep, self.generation)
 
-    def fetch(self, step: int) -> Path:
-        return self.write_dir(step)
+    def fetch(self, step: int, generation: int = 0) -> Path:
+        return self.fetch_dir(step, generation)
 
-    def fetch_dir(self, step: int) -> Path:
-        return self.write_dir(step)
+    def fetch_dir(self, step: int, generation: int = 0) -> Path:
+        return layout.checkpoint_path(self.root, step, generation)
 
     @property
     def shared(self) -> bool:
@@ -146,35 +189,62 @@ class S3Tier(Tier):
         self.root = self.uri.split("://", 1)[1]
         self.staging = Path(staging_dir)
         self.fs = fs if fs is not None else _s3_filesystem()
+        self.generation = 0
 
     def __repr__(self) -> str:
         return f"S3Tier({self.uri})"
 
-    def _key(self, step: int, rel: str = "") -> str:
-        base = f"{self.root}/{checkpoint_dir_name(step)}"
+    def _prefix(self, generation: int) -> str:
+        return self.root if generation == 0 else f"{self.root}/{generation_dir_name(generation)}"
+
+    def _key(self, step: int, rel: str = "", generation: int | None = None) -> str:
+        g = self.generation if generation is None else generation
+        base = f"{self._prefix(g)}/{checkpoint_dir_name(step)}"
         return f"{base}/{rel}" if rel else base
 
-    def location(self, step: int) -> str:
-        return f"{self.uri}/{checkpoint_dir_name(step)}"
+    def location(self, step: int, generation: int | None = None) -> str:
+        g = self.generation if generation is None else generation
+        scheme = self.uri.split("://", 1)[0]
+        return f"{scheme}://{self._key(step, generation=g)}"
 
-    def scan(self) -> list[Entry]:
+    def _objects(self) -> dict[tuple[int, int], set[str]]:
+        """(generation, step) -> the names of the objects under that checkpoint."""
         self.fs.invalidate_cache()
         try:
             keys = self.fs.find(self.root)
         except FileNotFoundError:
-            return []
-        seen: dict[int, set[str]] = {}
+            return {}
+        seen: dict[tuple[int, int], set[str]] = {}
         for key in keys:
             rel = PurePosixPath(key).relative_to(self.root).parts
+            generation = 0
+            if len(rel) >= 3 and (n := parse_generation_dir_name(rel[0])) is not None:
+                generation, rel = n, rel[1:]
             if len(rel) < 2:
                 continue
             step = parse_checkpoint_dir_name(rel[0])
             if step is not None:
-                seen.setdefault(step, set()).add("/".join(rel[1:]))
+                seen.setdefault((generation, step), set()).add("/".join(rel[1:]))
+        return seen
+
+    def scan(self) -> list[Entry]:
         return [
-            Entry(step=s, complete=MANIFEST_FILE in files and INCOMPLETE_SENTINEL not in files)
-            for s, files in sorted(seen.items())
+            Entry(
+                step=step,
+                complete=MANIFEST_FILE in files and INCOMPLETE_SENTINEL not in files,
+                generation=generation,
+            )
+            for (generation, step), files in sorted(self._objects().items())
         ]
+
+    def with_sequences(self, entries: list[Entry]) -> list[Entry]:
+        out = []
+        for e in entries:
+            if e.complete:
+                data = self.fs.cat_file(self._key(e.step, MANIFEST_FILE, e.generation))
+                e = dataclasses.replace(e, sequence=sequence_of(data))
+            out.append(e)
+        return out
 
     def begin(self, step: int) -> Path:
         self._rm(step)
@@ -204,44 +274,44 @@ class S3Tier(Tier):
         self._rm(step)
         self.release(step)
 
-    def _rm(self, step: int) -> None:
+    def _rm(self, step: int, generation: int | None = None) -> None:
         try:
             # The manifest first: if the rest fails half-way, what remains reads as incomplete.
-            self.fs.rm(self._key(step, MANIFEST_FILE))
+            self.fs.rm(self._key(step, MANIFEST_FILE, generation))
         except FileNotFoundError:
             pass
         try:
-            self.fs.rm(self._key(step), recursive=True)
+            self.fs.rm(self._key(step, generation=generation), recursive=True)
         except FileNotFoundError:
             pass
         self.fs.invalidate_cache()
 
     def remove_incomplete(self) -> list[int]:
-        removed = [e.step for e in self.scan() if not e.complete]
-        for step in removed:
-            self._rm(step)
-        return removed
+        removed = [e for e in self.scan() if not e.complete]
+        for e in removed:
+            self._rm(e.step, e.generation)
+        return [e.step for e in removed]
 
     def retain(self, keep: int) -> list[int]:
-        complete = [e.step for e in self.scan() if e.complete]
-        doomed = complete[: max(0, len(complete) - max(1, keep))]
+        mine = self.with_sequences([e for e in self.scan() if e.generation == self.generation])
+        doomed = [e.step for e in expired(mine, self.generation, keep)]
         for step in doomed:
             self._rm(step)
         return doomed
 
-    def fetch_dir(self, step: int) -> Path:
+    def fetch_dir(self, step: int, generation: int = 0) -> Path:
         return self.staging / "restore" / checkpoint_dir_name(step)
 
     @property
     def shared(self) -> bool:
         return False  # each node downloads its own copy
 
-    def fetch(self, step: int) -> Path:
-        local = self.fetch_dir(step)
+    def fetch(self, step: int, generation: int = 0) -> Path:
+        local = self.fetch_dir(step, generation)
         shutil.rmtree(local, ignore_errors=True)
         local.mkdir(parents=True)
         self.fs.invalidate_cache()
-        prefix = self._key(step)
+        prefix = self._key(step, generation=generation)
         for key in self.fs.find(prefix):
             rel = PurePosixPath(key).relative_to(prefix)
             dest = local.joinpath(*rel.parts)
@@ -249,8 +319,8 @@ class S3Tier(Tier):
             self.fs.get_file(key, str(dest))
         return local
 
-    def release_fetched(self, step: int) -> None:
-        shutil.rmtree(self.fetch_dir(step), ignore_errors=True)
+    def release_fetched(self, step: int, generation: int = 0) -> None:
+        shutil.rmtree(self.fetch_dir(step, generation), ignore_errors=True)
 
 
 def _s3_filesystem() -> Any:

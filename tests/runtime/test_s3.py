@@ -65,6 +65,44 @@ def test_single_process_to_s3_and_back(tmp_path: Path, s3, single_reference: Pat
     assert_same_files(single_reference / "final-0.pt", tmp_path / "b" / "final-0.pt")
 
 
+def test_resume_false_writes_a_new_generation_in_the_bucket(
+    tmp_path: Path, s3, single_reference: Path
+) -> None:
+    """A job re-created with resume "false" keeps the first run's objects untouched and writes
+    generation-1/; the default then resumes from there, exactly."""
+    fs, _ = s3
+    torch.set_num_threads(1)
+    uri = f"s3://{BUCKET}/team-a/job-gen"
+    prefix = f"{BUCKET}/team-a/job-gen"
+    env = ckpt_env(tmp_path, CHECKPOINT_URI=uri, CHECKPOINT_LOCAL_DIR="")
+    train(steps=30, status_dir=tmp_path / "a", environ=env)
+    before = {k: fs.cat_file(f"{prefix}/{k}") for k in _objects(fs, prefix)}
+    assert sorted({k.split("/")[0] for k in before}) == [
+        "checkpoint-14",
+        "checkpoint-21",
+        "checkpoint-28",
+    ]
+
+    info = train(steps=9, status_dir=tmp_path / "b", environ={**env, "CHECKPOINT_RESUME": "false"})
+    assert info["resumed_from"] is None and info["failed_saves"] == 0, info
+    keys = _objects(fs, prefix)
+    assert {k: fs.cat_file(f"{prefix}/{k}") for k in keys if k in before} == before
+    assert sorted({k.rsplit("/", 1)[0] for k in keys if k.startswith("generation-")}) == [
+        "generation-1/checkpoint-7"
+    ]
+
+    info = train(steps=STEPS, status_dir=tmp_path / "c", environ=env)
+    assert info["resumed_from"] == "generation-1/checkpoint-7", info
+    assert_same_files(single_reference / "final-0.pt", tmp_path / "c" / "final-0.pt")
+    keys = _objects(fs, prefix)
+    assert {k: fs.cat_file(f"{prefix}/{k}") for k in keys if k in before} == before
+    assert sorted({k.rsplit("/", 1)[0] for k in keys if k.startswith("generation-")}) == [
+        "generation-1/checkpoint-21",
+        "generation-1/checkpoint-28",
+        "generation-1/checkpoint-35",
+    ]
+
+
 def test_unwritable_bucket_fails_visibly(tmp_path: Path, s3) -> None:
     torch.set_num_threads(1)
     env = ckpt_env(tmp_path, CHECKPOINT_URI="s3://no-such-bucket/job", CHECKPOINT_LOCAL_DIR="")

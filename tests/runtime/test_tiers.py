@@ -165,3 +165,43 @@ def test_flipped_byte_in_a_dcp_shard_is_caught(tmp_path: Path, ddp_reference: Pa
         assert_same_files(ddp_reference / f"final-{rank}.pt", tmp_path / "b" / f"final-{rank}.pt")
     log = (tmp_path / "b.log").read_text()
     assert f"checksum mismatch: {shard.name}" in log, log[-3000:]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_recreated_job_keeps_its_checkpoints_and_resumes_from_the_newest_generation(
+    tmp_path: Path, single_reference: Path
+) -> None:
+    """Re-created with resume "false" (a new pod: an empty ramdisk), the job writes steps 7 and
+    14 into generation-1/ beside 21/28/35 and deletes none of them; re-created again with the
+    default it resumes from generation-1/checkpoint-14 (newest by commit order, though 35 is a
+    higher step) and ends where the uninterrupted run ends."""
+    persistent = tmp_path / "persistent"
+    train(steps=STEPS, status_dir=tmp_path / "a", environ=ckpt_env(tmp_path))
+    assert _steps(persistent) == [(21, True), (28, True), (35, True)]
+    before = _files(persistent)
+
+    fresh = ckpt_env(
+        tmp_path, CHECKPOINT_RESUME="false", CHECKPOINT_LOCAL_DIR=str(tmp_path / "local-b")
+    )
+    info = train(steps=16, status_dir=tmp_path / "b", environ=fresh)
+    assert info["resumed_from"] is None and info["failed_saves"] == 0, info
+    assert _steps(persistent / "generation-1") == [(7, True), (14, True)]
+    assert _steps(tmp_path / "local-b") == [(15, True)]
+    assert {k: v for k, v in _files(persistent).items() if k in before} == before
+    assert read_manifest(persistent / "generation-1" / "checkpoint-14").generation == 1
+
+    again = ckpt_env(tmp_path, CHECKPOINT_LOCAL_DIR=str(tmp_path / "local-c"))
+    info = train(steps=STEPS, status_dir=tmp_path / "c", environ=again)
+    assert (info["resumed_from"], info["resumed_tier"]) == (
+        "generation-1/checkpoint-14",
+        "persistent",
+    )
+    assert_same_files(single_reference / "final-0.pt", tmp_path / "c" / "final-0.pt")
+    # It went on in generation 1 (the newest 3 by commit order kept there); generation 0 as it was.
+    assert _steps(persistent / "generation-1") == [(21, True), (28, True), (35, True)]
+    assert {k: v for k, v in _files(persistent).items() if k in before} == before
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["resumedFrom"] == "generation-1/checkpoint-14"

@@ -366,3 +366,36 @@ def test_parse_checkpoint_dir_name_rejects(name: str) -> None:
 def test_checkpoint_dir_name_rejects(step: object) -> None:
     with pytest.raises(ContractError, match="step"):
         checkpoint_dir_name(step)  # type: ignore[arg-type]
+
+
+def test_generation_dir_names() -> None:
+    assert env.generation_dir_name(1) == "generation-1"
+    assert env.parse_generation_dir_name("generation-12") == 12
+    assert env.checkpoint_rel_path(150) == "checkpoint-150"
+    assert env.checkpoint_rel_path(150, 2) == "generation-2/checkpoint-150"
+    for generation in (1, 9, 10**12):
+        assert env.parse_generation_dir_name(env.generation_dir_name(generation)) == generation
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "generation-0",  # generation 0 is the root itself
+        "generation-01",
+        "generation--1",
+        "generation-",
+        "generation-1 ",
+        "generation-\u0661",
+        "Generation-1",
+        "checkpoint-1",
+        "generation-1" + "0" * 19,  # beyond int64
+    ],
+)
+def test_parse_generation_dir_name_rejects(name: str) -> None:
+    assert env.parse_generation_dir_name(name) is None
+
+
+@pytest.mark.parametrize("generation", [0, -1, True, 1.0, "1"])
+def test_generation_dir_name_rejects(generation: object) -> None:
+    with pytest.raises(ContractError, match="generation"):
+        env.generation_dir_name(generation)  # type: ignore[arg-type]

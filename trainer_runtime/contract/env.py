@@ -67,6 +67,9 @@ FAILED_FILE: Final = "checkpoint-failed"  # runtime -> preStop: gave up
 INCOMPLETE_SENTINEL: Final = "checkpoint-is-incomplete.txt"  # the name HF and the Kubeflow SDK use
 MANIFEST_FILE: Final = "manifest.json"
 CHECKPOINT_DIR_PREFIX: Final = "checkpoint-"  # HF Trainer naming, so HF tools read our checkpoints
+# A run that does not resume while complete checkpoints exist writes `generation-<N>/` beside them
+# (the root itself is generation 0), so it never deletes an earlier run's checkpoints.
+GENERATION_DIR_PREFIX: Final = "generation-"
 
 # --- defaults (match the CheckpointPolicy defaults) ----------------------------------------------
 
@@ -108,6 +111,32 @@ def parse_checkpoint_dir_name(name: str) -> int | None:
     """The step of a `checkpoint-<step>` directory name, or None for any other name."""
     m = _CHECKPOINT_DIR_RE.fullmatch(name)
     return int(m.group(1)) if m else None
+
+
+# Canonical decimal, from 1: generation 0 is CHECKPOINT_URI itself, never `generation-0/`.
+_GENERATION_DIR_RE = re.compile(r"generation-([1-9][0-9]{0,18})")
+
+
+def generation_dir_name(generation: int) -> str:
+    """`generation-<N>`, the directory of generation N >= 1 under CHECKPOINT_URI."""
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
+        raise ContractError(
+            f"generation: expected an integer >= 1, got {describe(generation)}", field="generation"
+        )
+    return f"{GENERATION_DIR_PREFIX}{generation}"
+
+
+def parse_generation_dir_name(name: str) -> int | None:
+    """The N of a `generation-<N>` directory name (N >= 1), or None for any other name."""
+    m = _GENERATION_DIR_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def checkpoint_rel_path(step: int, generation: int = 0) -> str:
+    """Where checkpoint `step` of `generation` lives, relative to CHECKPOINT_URI:
+    `checkpoint-<step>` (generation 0) or `generation-<N>/checkpoint-<step>`."""
+    name = checkpoint_dir_name(step)
+    return name if generation == 0 else f"{generation_dir_name(generation)}/{name}"
 
 
 # --- durations -----------------------------------------------------------------------------------

@@ -36,6 +36,15 @@ TIERS: Final = ("local", "persistent")
 # An additive key beside DESIGN.md's (docs/contract.md): why the checkpoint was written, one of
 # progress.py's REASON_* ("periodic", "jit"); absent in manifests written before it existed.
 MANIFEST_REASON: Final = "reason"
+# Additive keys too (docs/contract.md), absent in manifests written before generations existed:
+# the checkpoint's place in commit order, 1 + the highest in its generation when it was committed,
+# decided by the committing rank (no wall clock, so nodes' clocks never need to agree); readers
+# order a manifest without one before every manifest with one. Retention and resume go by it.
+MANIFEST_SEQUENCE: Final = "sequence"
+# The generation of CHECKPOINT_URI the writing run saves to (0: the root itself). A persistent
+# checkpoint's directory says it too; a local-tier copy (no generations on the ramdisk) needs it to
+# tell a resumed run where to go on writing.
+MANIFEST_GENERATION: Final = "generation"
 HASH_CHUNK_BYTES: Final = 1024 * 1024
 MMAP_MIN_BYTES: Final = 16 * 1024 * 1024  # hash_file maps files from this size on
 MAX_MANIFEST_BYTES: Final = 16 * 1024 * 1024  # sharded checkpoints list thousands of files
@@ -311,6 +320,20 @@ class Manifest:
             seen.add(entry.path)
         if not isinstance(self.extra, dict) or any(k in _MANIFEST_KEYS for k in self.extra):
             raise ContractError("extra: must be a dict without known keys", field="extra")
+        if MANIFEST_SEQUENCE in self.extra:
+            _check_int(MANIFEST_SEQUENCE, self.extra[MANIFEST_SEQUENCE], 1)
+        if MANIFEST_GENERATION in self.extra:
+            _check_int(MANIFEST_GENERATION, self.extra[MANIFEST_GENERATION], 0)
+
+    @property
+    def sequence(self) -> int | None:
+        """Its place in commit order (MANIFEST_SEQUENCE); None for a manifest without one."""
+        return self.extra.get(MANIFEST_SEQUENCE)
+
+    @property
+    def generation(self) -> int | None:
+        """The generation its run wrote (MANIFEST_GENERATION); None for a manifest without one."""
+        return self.extra.get(MANIFEST_GENERATION)
 
     @property
     def total_size(self) -> int:
@@ -550,6 +573,29 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
     with open(path, "rb") as f:
         data = f.read(MAX_MANIFEST_BYTES + 1)
     return Manifest.from_json(data)
+
+
+def sequence_of(data: bytes) -> int | None:
+    """The MANIFEST_SEQUENCE of a manifest's bytes, or None (none, or not a manifest). Only that
+    key is checked, not every file entry: retention and the next commit read it from each
+    checkpoint of a generation, and a sharded checkpoint's manifest lists thousands of files.
+    A manifest invalid elsewhere is still refused where it matters, by restore."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        return None
+    try:
+        obj = json.loads(data, parse_constant=_reject_constant)
+    except (ValueError, ContractError, RecursionError):
+        return None
+    value = obj.get(MANIFEST_SEQUENCE) if isinstance(obj, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        return None
+    return value
+
+
+def read_sequence(directory: str | os.PathLike[str]) -> int | None:
+    """`sequence_of` the manifest in `directory` (OSError when it cannot be read)."""
+    with open(Path(directory, MANIFEST_FILE), "rb") as f:
+        return sequence_of(f.read(MAX_MANIFEST_BYTES + 1))
 
 
 def is_complete(directory: str | os.PathLike[str]) -> bool:

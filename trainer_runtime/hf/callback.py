@@ -51,14 +51,15 @@ from ..contract import (
     REASON_PERIODIC,
     Manifest,
     build_manifest,
-    checkpoint_dir_name,
+    parse_generation_dir_name,
     read_manifest,
 )
 from ..fsutil import fsync_dir, fsync_file
+from ..generations import newest_first
 from ..protocol import Checkpointer, Report, SaveResult, TierCommit
 from ..protocol.resume import same_world_size
 from ..stop import JitStop, StopOwner, exit_code
-from ..storage import Tier, persistent_tier
+from ..storage import LocalTier, Tier, persistent_tier
 from ..torch.dcp import hash_files
 from .kubeflow import guard_kubeflow_callbacks
 from .world_size import check_resume
@@ -77,7 +78,8 @@ _DCP_SHARD = re.compile(r"__(\d+)_\d+\.distcp")  # FSDP's sharded save, one file
 
 
 def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None) -> str | None:
-    """The newest complete, verified `checkpoint-<step>` under `root` (a local path), or None.
+    """The newest complete, verified `checkpoint-<step>` under `root` (a local path), by commit
+    order across its generations (generations.py), or None.
 
     Rank 0 (or a single process) first removes incomplete checkpoints and interrupted deletions.
     A complete checkpoint that fails verification is skipped (and left for inspection).
@@ -91,15 +93,24 @@ def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None
     if rank == 0:
         layout.remove_incomplete(root)
     checksums = config.should_verify_checksums if config is not None else True
-    for entry in reversed(layout.scan(root)):
-        if not entry.complete:
-            continue
-        path = Path(root, checkpoint_dir_name(entry.step))
+    for entry in newest_first(layout.with_sequences(root, layout.scan(root))):
+        path = layout.checkpoint_path(root, entry.step, entry.generation)
         _, problems = layout.verify_checkpoint(path, checksums=checksums)
         if not problems:
             return str(path)
         log.warning("kubeckpt: skipping checkpoint %s: %s", path, "; ".join(problems[:3]))
     return None
+
+
+def _generation_of(checkpoint: object, root: str | None) -> int | None:
+    """The generation of `root` a checkpoint path given to `train()` is in (None: not ours)."""
+    if root is None or not isinstance(checkpoint, str | os.PathLike):
+        return None
+    parent = Path(checkpoint).parent
+    if parent == Path(root):
+        return 0
+    n = parse_generation_dir_name(parent.name)
+    return n if n is not None and parent.parent == Path(root) else None
 
 
 def _owned(name: str, rank: int) -> bool:
@@ -177,7 +188,8 @@ class KubeckptCallback(TrainerCallback):
         self.stopped = False  # a JIT save happened and training was stopped
         self._hf_trainer: Any = None  # set by kubeckpt_trainer
         self.resumed_from: str | None = None
-        self._fetched: tuple[Tier, int] | None = None  # a download to drop once training runs
+        # A download to drop once training runs: (tier, step, generation).
+        self._fetched: tuple[Tier, int, int] | None = None
         # The save decided at this step: (step, persistent, local, reason); the sync path's
         # commit in progress between on_step_end and on_save.
         self._due: tuple[int, bool, bool, str] | None = None
@@ -280,14 +292,23 @@ class KubeckptCallback(TrainerCallback):
         if restored is None:
             return None
         stop.at_boundary(restored.step)
-        if not restored.tier.shared or restored.path != restored.tier.write_dir(restored.step):
-            self._fetched = (restored.tier, restored.step)
+        step, generation = restored.step, restored.directory_generation
+        if not restored.tier.shared or restored.path != restored.tier.fetch_dir(step, generation):
+            self._fetched = (restored.tier, step, generation)
         return str(restored.path)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self._hf_trainer is not None:  # a KubeflowCallback added after kubeckpt_trainer()
             guard_kubeflow_callbacks(self._hf_trainer, lambda: self.stopped)
         ckpt, stop = self._ensure()
+        # The generation this run writes, where `restore` did not decide it (resume off, or a
+        # checkpoint the script passed to train() itself: the Trainer has loaded its state by
+        # now, so a step past 0 says it resumed; from which generation, where the path is
+        # known); the Trainer's own saves go there too.
+        resumed = bool(self.resumed_from) or state.global_step > 0
+        ckpt.plan(resumed=resumed, restored=_generation_of(self.resumed_from, self.root))
+        if isinstance(ckpt.persistent, LocalTier) and self.config.enabled:
+            args.output_dir = str(ckpt.persistent.directory)
         self._state = state
         ckpt.progress.total_steps = state.max_steps or None
         ckpt.progress.total_epochs = int(args.num_train_epochs) if args.max_steps <= 0 else None
@@ -349,9 +370,9 @@ class KubeckptCallback(TrainerCallback):
 
     def _release_fetched(self) -> None:
         if self._fetched is not None:
-            tier, step = self._fetched
+            tier, step, generation = self._fetched
             self._fetched = None
-            tier.release_fetched(step)
+            tier.release_fetched(step, generation)
 
     # --- progress ---
 

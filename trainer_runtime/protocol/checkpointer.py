@@ -2,7 +2,8 @@
 saves and restores.
 
     ckpt = Checkpointer(config, framework="pytorch", comm=..., io=..., me=Member(...))
-    restored = ckpt.restore(loader)              # the newest complete checkpoint, agreed
+    restored = ckpt.restore(loader)              # the newest complete checkpoint, agreed, and
+                                                 # the generation this run writes (plan)
     ...each optimizer step...
     ckpt.observe(step)
     d = ckpt.decide(step, stop_vote=asked)       # stop / persistent / local, agreed (pipelined)
@@ -32,9 +33,10 @@ from ..contract import (
     Manifest,
     ManifestFile,
     ProgressRecord,
-    checkpoint_dir_name,
+    checkpoint_rel_path,
     format_rfc3339,
 )
+from ..generations import choose_generation, highest_sequence
 from ..progress_writer import ProgressWriter
 from ..storage import LocalTier, Tier, persistent_tier
 from ..timing import Schedule, StepTimer
@@ -114,6 +116,10 @@ class Checkpointer:
         self.durable_step: int | None = None  # newest step known saved in the persistent tier
         self.durable_location: str | None = None
         self._agreement_done = False  # the per-step agreement's last round was collected
+        self._planned = False  # plan() ran: the generation and the commit order are known
+        # False when plan() could not list the persistent tier: nothing there is deleted then,
+        # since what belongs to another run is unknown.
+        self._persistent_retention = True
 
     # ------------------------------------------------------------------ restore
 
@@ -124,39 +130,117 @@ class Checkpointer:
         local_usable: Callable[[Tier, int], bool] | None = None,
         keep_fetched: bool = False,
     ) -> Restored | None:
-        """Load the newest complete checkpoint every rank can load (None: start from scratch)."""
-        if not self.enabled or not self.config.settings.resume:
+        """Load the newest complete checkpoint every rank can load (None: start from scratch),
+        when CHECKPOINT_RESUME is on; then `plan` the generation this run writes. Every rank
+        calls it, resume on or off."""
+        if not self.enabled:
             return None
+        resume = self.config.settings.resume
+        # Also without resume: a save in flight of a pod being replaced decides whether there
+        # are checkpoints to keep apart from (a new generation), and leftovers go.
         remove_incomplete(self.io, self.me, self.persistent, self.local)
-        found = candidates(
-            self.io,
-            self.me,
-            self.persistent,
-            self.local,
-            local_usable or same_world_size(self.me),
-        )
-        restored = restore(
-            self.io,
-            self.me,
-            found,
-            loader,
-            checksums=self.config.should_verify_checksums,
-            keep_fetched=keep_fetched,
-        )
+        restored = None
+        if resume:
+            found = candidates(
+                self.io,
+                self.me,
+                self.persistent,
+                self.local,
+                local_usable or same_world_size(self.me),
+            )
+            restored = restore(
+                self.io,
+                self.me,
+                found,
+                loader,
+                checksums=self.config.should_verify_checksums,
+                keep_fetched=keep_fetched,
+            )
+        self.plan(resumed=restored is not None, restored=restored.generation if restored else None)
         if restored is None:
-            log.info("kubeckpt: no usable checkpoint, starting from step 0")
+            if resume:
+                log.info("kubeckpt: no usable checkpoint, starting from step 0")
             return None
         self.resumed = restored
         self.step = restored.step
         self.epoch = restored.manifest.epoch
-        name = checkpoint_dir_name(restored.step)
-        self.progress.resumed(name, restored.location, restored.manifest.time)
+        self.progress.resumed(self.resumed_name or "", restored.location, restored.manifest.time)
         if restored.tier is self.persistent:
             self.durable_step = restored.step
             self.durable_location = restored.location
         self.schedule.restart_interval()
         log.info("kubeckpt: resumed from %s (%s tier)", restored.location, restored.tier.name)
         return restored
+
+    @property
+    def resumed_name(self) -> str | None:
+        """What the run resumed from, relative to its tier's root: `checkpoint-<step>`, or
+        `generation-<N>/checkpoint-<step>` in a later generation (the progress record's
+        resumedFrom)."""
+        r = self.resumed
+        if r is None:
+            return None
+        persistent = r.tier is self.persistent and r.generation is not None
+        return checkpoint_rel_path(r.step, r.generation if persistent else 0)
+
+    def plan(self, *, resumed: bool = False, restored: int | None = None) -> None:
+        """Decide once, the same on every rank, the generation this run writes and where its
+        commit order starts (generations.py). `restore` calls it; `save` does for an adapter
+        that saves without restoring. Collective (every rank calls it at the same point)."""
+        if self._planned or not self.enabled:
+            return
+        self._planned = True
+        decided: tuple[int, int] | None = None  # (generation, highest sequence), rank 0's
+        if self.persistent is not None and self.me.rank == 0:
+            tier = self.persistent
+            try:
+                entries = tier.with_sequences([e for e in tier.scan() if e.complete])
+                generation = choose_generation(
+                    entries,
+                    resume=self.config.settings.resume,
+                    resumed=resumed,
+                    restored=restored,
+                    existing=tier.generations(),
+                )
+                decided = (generation, highest_sequence(entries))
+            except Exception as e:
+                log.warning(
+                    "kubeckpt: cannot list %s (%s): no retention there in this run, so that "
+                    "nothing of another run is deleted",
+                    tier,
+                    e,
+                )
+        local_highest = 0
+        if self.local is not None and self.me.local_rank == 0:
+            try:
+                local = self.local
+                local_highest = highest_sequence(
+                    local.with_sequences([e for e in local.scan() if e.complete])
+                )
+            except Exception as e:
+                log.warning("kubeckpt: cannot list %s: %s", self.local, e)
+        try:
+            decided = self.io.broadcast(decided)
+            highest = max(self.io.all_gather(local_highest), default=0)
+        except Exception as e:  # a rank gone: the save that follows fails and says so
+            log.warning("kubeckpt: cannot agree on the generation to write: %s", e)
+            decided, highest = None, local_highest
+        generation = 0
+        if decided is None:
+            self._persistent_retention = False
+        else:
+            generation, persistent_highest = decided
+            highest = max(highest, persistent_highest)
+        self.session.sequence = max(self.session.sequence, highest)
+        self.session.generation = generation
+        if self.persistent is not None:
+            self.persistent.generation = generation
+            if generation and self.me.rank == 0:
+                log.info(
+                    "kubeckpt: writing generation %d: %s",
+                    generation,
+                    self.persistent.location(0).rsplit("/", 1)[0],
+                )
 
     # ------------------------------------------------------------------ per step
 
@@ -218,6 +302,7 @@ class Checkpointer:
         """Stage now (the training thread waits for that only) and persist on the writer thread.
         Every rank must call it at the same step. With `blocking`, the result."""
         self.session.wait()  # a new save waits for the previous one
+        self.plan()  # an adapter that saves without having restored
         tiers = self.tiers(persistent=persistent, local=local)
         if not tiers:
             return None
@@ -262,8 +347,11 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ results
 
-    def _keep(self, tier: Tier) -> int:
-        return self.config.local_keep if tier.name == "local" else max(1, self.keep_persistent)
+    def _keep(self, tier: Tier) -> int | None:
+        """Retention of `tier` (None: none this run, see plan)."""
+        if tier.name == "local":
+            return self.config.local_keep
+        return max(1, self.keep_persistent) if self._persistent_retention else None
 
     def manifest(
         self,

@@ -4,8 +4,10 @@
     write      every rank writes and fsyncs its own files (the framework's part) and publishes them
     report     every rank's files, sizes and checksums are gathered: the manifest is built from
                these reports, so no rank's completion hides in a marker file another rank shares
-    commit     the coordinator writes the manifest last and removes the sentinel, then retention;
-               or, when any rank failed, discards the directory; all agree on the outcome
+    commit     the coordinator writes the manifest last (with the checkpoint's sequence in commit
+               order and its run's generation, generations.py) and removes the sentinel, then
+               retention; or, when any rank failed, discards the directory; all agree on the
+               outcome
 
 The coordinator is rank 0 for a shared tier and each node's local rank 0 for a per-node one (the
 ramdisk), whose manifest lists that node's files only. Every rank makes the same collective calls
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..contract import Manifest
+from ..contract import MANIFEST_GENERATION, MANIFEST_SEQUENCE, Manifest
 from ..storage import Tier
 from .agreement import Agreement
 
@@ -84,6 +86,7 @@ class Outcome:
     location: str | None = None
     error: str | None = None
     bytes_written: int = 0  # by this rank
+    sequence: int = 0  # its place in commit order (the coordinator's; the proposal elsewhere)
 
 
 # (tier, the reports the manifest describes) -> the manifest; coordinator only.
@@ -109,14 +112,24 @@ class TierCommit:
         step: int,
         *,
         manifest: ManifestBuilder,
-        keep: int,
+        keep: int | None,
+        sequence: int = 1,
+        generation: int = 0,
+        committed: Callable[[int], None] | None = None,
     ) -> None:
+        """`keep`: retention after the commit (None: none); `sequence`: the run's count for this
+        save (the coordinator raises it above what the generation holds); `generation`: the one
+        the run writes in the persistent tier, recorded in every tier's manifest; `committed`
+        is told the sequence a successful commit used."""
         self.io = io
         self.me = me
         self.tier = tier
         self.step = step
         self.build_manifest = manifest
         self.keep = keep
+        self.sequence = sequence
+        self.generation = generation
+        self.committed = committed
         self.coordinator = me.coordinates(tier)
 
     @property
@@ -183,11 +196,15 @@ class TierCommit:
                 try:
                     described = [r for r in reports if self.tier.shared or r.node == self.me.node]
                     manifest = self.build_manifest(self.tier, described)
+                    self.sequence = self._next_sequence()
+                    manifest.extra[MANIFEST_SEQUENCE] = self.sequence
+                    manifest.extra[MANIFEST_GENERATION] = self.generation
                     location = self.tier.commit(self.step, manifest)
-                    self.tier.retain(self.keep)
                 except Exception as e:
                     commit_error = describe(e)
                     self._discard()
+                else:
+                    self._retain()
         committed = self.io.all_ok(commit_error is None)
         self.tier.release(self.step)
         size = sum(f.size for f in files)
@@ -197,7 +214,26 @@ class TierCommit:
             return Outcome(
                 False, error=commit_error or "commit failed on another node", bytes_written=size
             )
-        return Outcome(True, location=location, bytes_written=size)
+        if self.committed is not None:
+            self.committed(self.sequence)
+        return Outcome(True, location=location, bytes_written=size, sequence=self.sequence)
+
+    def _next_sequence(self) -> int:
+        try:
+            return self.tier.next_sequence(self.sequence)
+        except Exception as e:  # the listing failed: the run's own count still orders this run
+            log.warning("kubeckpt: cannot read the commit order of %s: %s", self.tier, e)
+            return self.sequence
+
+    def _retain(self) -> None:
+        """Retention after a commit. Its failure is logged, never the commit's: the checkpoint
+        is durable, and the next commit tries again."""
+        if self.keep is None:
+            return
+        try:
+            self.tier.retain(self.keep)
+        except Exception as e:
+            log.warning("kubeckpt: retention in %s failed: %s", self.tier, describe(e))
 
     def _discard(self) -> None:
         try:

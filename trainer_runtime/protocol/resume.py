@@ -2,9 +2,11 @@
 
 1. A save still in flight from a pod being replaced is waited for (handover.py), then incomplete
    checkpoints are removed (rank 0 for the shared tier, each node's local rank 0 for its ramdisk).
-2. Candidates: the persistent tier as rank 0 lists it (broadcast, so all see one list), and the
-   local steps that every rank holds (a ramdisk is per node: a step one node lacks is no
-   candidate). Newest first; at equal steps the local copy first, being faster.
+2. Candidates: the persistent tier as rank 0 lists it, every generation (broadcast, so all see
+   one list), and the local steps that every rank holds (a ramdisk is per node: a step one node
+   lacks is no candidate). Newest first by commit order (generations.py: the manifests'
+   sequences, not step numbers, so a run that went on from an older checkpoint is newer than
+   the one it abandoned); at an equal place the local copy first, being faster.
 3. For each candidate: one process per copy fetches (a download for s3://) and verifies the files
    against the manifest; all agree; the framework reads what it needs without touching live state
    (`Loader.prepare`); all agree; then it loads in place (`Loader.apply`, may be collective); all
@@ -21,6 +23,7 @@ from typing import Any, Protocol
 
 from .. import handover, layout
 from ..contract import Manifest, read_manifest
+from ..generations import Entry, commit_order
 from ..storage import LocalTier, Tier
 from .agreement import Agreement
 from .commit import Member, describe
@@ -47,6 +50,22 @@ class Restored:
     location: str
     manifest: Manifest
     path: Path  # where the files were read (a download for s3://)
+    # The persistent generation its run wrote: the directory's for a persistent checkpoint, the
+    # manifest's for a local copy (None: a local copy written before generations).
+    generation: int | None = 0
+    directory_generation: int = 0  # the generation directory it was read from in its tier
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A checkpoint restore may load: `entry` (with its sequence) in `tier`."""
+
+    entry: Entry
+    tier: Tier
+
+    @property
+    def step(self) -> int:
+        return self.entry.step
 
 
 def remove_incomplete(io: Agreement, me: Member, persistent: Tier | None, local: Tier | None):
@@ -89,36 +108,45 @@ def candidates(
     persistent: Tier | None,
     local: Tier | None,
     local_usable: Callable[[Tier, int], bool],
-) -> list[tuple[int, Tier]]:
-    persistent_steps: list[int] = []
+) -> list[Candidate]:
+    """Every checkpoint the ranks may load, newest by commit order first, the same on every rank."""
+    listed: list[tuple[int, int, int | None]] = []  # (generation, step, sequence)
     if persistent is not None and me.rank == 0:
         try:
-            persistent_steps = [e.step for e in persistent.scan() if e.complete]
+            complete = [e for e in persistent.scan() if e.complete]
+            complete = persistent.with_sequences(complete)
+            listed = [(e.generation, e.step, e.sequence) for e in complete]
         except Exception as e:
             log.warning("kubeckpt: cannot list %s: %s", persistent, e)
-    persistent_steps = io.broadcast(persistent_steps)
-    mine: list[int] = []
+    listed = io.broadcast(listed)
+    mine: list[tuple[int, int | None]] = []  # (step, sequence): the ramdisk has no generations
     if local is not None:
         try:
-            mine = [e.step for e in local.scan() if e.complete and local_usable(local, e.step)]
+            usable = [e for e in local.scan() if e.complete and local_usable(local, e.step)]
+            mine = [(e.step, e.sequence) for e in local.with_sequences(usable)]
         except Exception as e:
             log.warning("kubeckpt: cannot list %s: %s", local, e)
-    common = set(mine)
-    for steps in io.all_gather(mine):
-        common &= set(steps)
-    found: list[tuple[int, Tier]] = []
+    # The steps every rank holds, each at the lowest place in commit order any node gives it
+    # (0: a manifest without a sequence), so every rank computes the same order.
+    common: dict[int, int] = {step: seq or 0 for step, seq in mine}
+    for theirs in io.all_gather(mine):
+        seqs = {step: seq or 0 for step, seq in theirs}
+        common = {step: min(seq, seqs[step]) for step, seq in common.items() if step in seqs}
+    found: list[Candidate] = []
     if local is not None:
-        found += [(step, local) for step in common]
+        found += [
+            Candidate(Entry(step, True, 0, seq or None), local) for step, seq in common.items()
+        ]
     if persistent is not None:
-        found += [(step, persistent) for step in persistent_steps]
-    found.sort(key=lambda c: (-c[0], c[1] is not local))
+        found += [Candidate(Entry(step, True, g, seq), persistent) for g, step, seq in listed]
+    found.sort(key=lambda c: (commit_order(c.entry), c.tier is local), reverse=True)
     return found
 
 
 def restore(
     io: Agreement,
     me: Member,
-    found: list[tuple[int, Tier]],
+    found: list[Candidate],
     loader: Loader,
     *,
     checksums: bool | Callable[[int], bool] = True,
@@ -130,8 +158,8 @@ def restore(
     framework reads it later: the HF Trainer loads in `train()`); `Tier.release_fetched` drops it.
     """
     dirty = False
-    for step, tier in found:
-        restored, touched = _try(io, me, step, tier, loader, checksums, keep_fetched)
+    for candidate in found:
+        restored, touched = _try(io, me, candidate, loader, checksums, keep_fetched)
         dirty = dirty or touched
         if restored is not None:
             return restored
@@ -146,21 +174,21 @@ def restore(
 def _try(
     io: Agreement,
     me: Member,
-    step: int,
-    tier: Tier,
+    candidate: Candidate,
     loader: Loader,
     checksums: bool | Callable[[int], bool],
     keep_fetched: bool,
 ) -> tuple[Restored | None, bool]:
     """(what was restored, whether live state was touched). Every rank makes the same
     collective calls whatever fails."""
-    where = tier.location(step)
+    tier, step, generation = candidate.tier, candidate.step, candidate.entry.generation
+    where = tier.location(step, generation)
     fetcher = me.coordinates(tier)
     problems: list[str] = []
-    path = tier.fetch_dir(step)
+    path = tier.fetch_dir(step, generation)
     if fetcher:
         try:
-            path = tier.fetch(step)
+            path = tier.fetch(step, generation)
             _, problems = layout.verify_checkpoint(path, checksums=checksums)
         except Exception as e:
             problems = [f"cannot fetch: {describe(e)}"]
@@ -189,9 +217,11 @@ def _try(
             ok = False
         if not io.all_ok(ok):
             return None, True
-        restored = Restored(step, tier, where, manifest, path)
+        # A ramdisk copy (no generations there) says which generation its run wrote.
+        run_generation = manifest.generation if tier.name == "local" else generation
+        restored = Restored(step, tier, where, manifest, path, run_generation, generation)
         return restored, True
     finally:
         io.barrier()
         if fetcher and not (keep_fetched and restored is not None):
-            tier.release_fetched(step)
+            tier.release_fetched(step, generation)

@@ -68,7 +68,7 @@ class SaveSession:
         me: Member,
         *,
         manifest: ManifestFactory,
-        keep: Callable[[Tier], int],
+        keep: Callable[[Tier], int | None],
         on_result: Callable[[SaveResult], None],
     ) -> None:
         self.io = io
@@ -76,11 +76,20 @@ class SaveSession:
         self.manifest = manifest
         self.keep = keep
         self.on_result = on_result
+        # Commit order (generations.py): the highest sequence this run has drawn or seen
+        # committed. Every save draws the next, the same on every rank (every rank makes the same
+        # saves in the same order) unless a coordinator had to raise it above a checkpoint
+        # another writer committed meanwhile. Checkpointer.plan starts it above what storage
+        # holds.
+        self.sequence = 0
+        # The generation the run writes in the persistent tier (recorded in every manifest).
+        self.generation = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubeckpt-persist")
         self._in_flight: _InFlight | None = None
         # The training thread and the stop watcher both submit and wait (never at once in
         # practice: a stop holds the training thread), so the hand-over of `_in_flight` is locked.
         self._lock = threading.RLock()
+        self._sequence_lock = threading.Lock()
 
     @property
     def busy(self) -> bool:
@@ -110,7 +119,10 @@ class SaveSession:
         """Persist `staged` to `tiers` on the writer thread; with `blocking`, its result."""
         with self._lock:
             self.wait()  # one save in flight at most
-            future = self._executor.submit(self._run, staged, step, epoch, tiers, reason, started)
+            sequence = self.draw_sequence()
+            future = self._executor.submit(
+                self._run, staged, step, epoch, tiers, reason, started, sequence
+            )
             self._in_flight = _InFlight(future, step, stall)
             return self.wait() if blocking else None
 
@@ -122,16 +134,36 @@ class SaveSession:
         *,
         manifest: ManifestBuilder | None = None,
         reason: str = REASON_PERIODIC,
+        sequence: int | None = None,
     ) -> TierCommit:
         """The commit protocol for one tier; called directly for a write the framework makes
-        itself, on the calling thread (with no save in flight)."""
+        itself, on the calling thread (with no save in flight). `sequence`: the save's place in
+        commit order (None: the next one is drawn)."""
 
         def build(t: Tier, reports: list[Report]) -> Manifest:
             return self.manifest(t, step, epoch, reports, reason)
 
         return TierCommit(
-            self.io, self.me, tier, step, manifest=manifest or build, keep=self.keep(tier)
+            self.io,
+            self.me,
+            tier,
+            step,
+            manifest=manifest or build,
+            keep=self.keep(tier),
+            sequence=self.draw_sequence() if sequence is None else sequence,
+            generation=self.generation,
+            committed=self._committed,
         )
+
+    def draw_sequence(self) -> int:
+        with self._sequence_lock:
+            self.sequence += 1
+            return self.sequence
+
+    def _committed(self, sequence: int) -> None:
+        # On the writer thread, while the training thread may hold `_lock` waiting for it.
+        with self._sequence_lock:
+            self.sequence = max(self.sequence, sequence)
 
     def reap(self) -> SaveResult | None:
         """The result of a save that has finished (None while it still runs)."""
@@ -163,6 +195,7 @@ class SaveSession:
         tiers: list[Tier],
         reason: str,
         started: float,
+        sequence: int,
     ) -> SaveResult:
         """The writer thread. Any failure, a rank that stops answering included, is a failed
         save: it is reported, never raised into training."""
@@ -179,7 +212,8 @@ class SaveSession:
                 return result
             t1 = time.monotonic()
             for tier in tiers:
-                outcome = self.commit(tier, step, epoch, reason=reason).run(staged.write)
+                commit = self.commit(tier, step, epoch, reason=reason, sequence=sequence)
+                outcome = commit.run(staged.write)
                 result.bytes_written += outcome.bytes_written
                 if outcome.ok and outcome.location is not None:
                     result.locations[tier.name] = outcome.location

@@ -4,6 +4,7 @@ Read top to bottom, as a stop runs:
 
     prestop.py   the preStop hook (`kubeckpt-prestop`) writes the request file and waits
     triggers.py  SIGTERM sets a flag, the request file is seen: this rank is asked to stop
+                 (incarnation.py: a request from an earlier container of the pod is not)
     jit.py       the ask rides in the per-step agreement; every rank stops at one step and the
                  training thread saves it there (JitStop.decide, JitStop.save_at)
     watcher.py   or, the training thread being away from a step boundary, the watcher saves the

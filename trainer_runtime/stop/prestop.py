@@ -1,6 +1,7 @@
 """`kubeckpt-prestop`: the container's preStop hook.
 
-Writes $CHECKPOINT_CONTROL_DIR/checkpoint-request, then waits for the runtime's answer
+Writes $CHECKPOINT_CONTROL_DIR/checkpoint-request (with this process's boot id and start ticks,
+incarnation.py), then waits for the runtime's answer
 (`checkpoint-done` or `checkpoint-failed`) for at most the timeout, so the kubelet's SIGTERM follows
 only once the just-in-time checkpoint is durable. Exit status: 0 saved, 1 the runtime reported a
 failure, 2 no answer within the timeout, 3 the request could not be written.
@@ -29,6 +30,7 @@ from ..contract import (
     TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
 )
 from ..fsutil import write_atomic
+from . import incarnation
 
 EXIT_DONE = 0
 EXIT_FAILED = 1
@@ -57,7 +59,10 @@ def request_checkpoint(control_dir: Path, timeout: float, poll: float = 0.05) ->
         # An answer left by an earlier container of this pod must not be taken for ours.
         for stale in (done, failed):
             stale.unlink(missing_ok=True)
-        body = json.dumps({"time": time.time(), "pid": os.getpid()}).encode() + b"\n"
+        # Who asks (incarnation.py): the runtime tells this request from an earlier container's.
+        me = incarnation.current()
+        ident = me.to_request() if me is not None else {}
+        body = json.dumps({"time": time.time(), "pid": os.getpid(), **ident}).encode() + b"\n"
         write_atomic(control_dir / REQUEST_FILE, body)
     except OSError as e:
         print(f"kubeckpt-prestop: cannot write the checkpoint request: {e}", file=sys.stderr)

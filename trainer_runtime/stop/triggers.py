@@ -23,6 +23,7 @@ from typing import Any
 
 from ..contract import DONE_FILE, FAILED_FILE, REQUEST_FILE
 from ..fsutil import write_atomic
+from . import incarnation
 
 log = logging.getLogger(__name__)
 
@@ -84,24 +85,12 @@ class SignalTrigger:
             previous(signum, frame)
 
 
-def _process_start_time() -> float:
-    """Wall-clock start of this process (Linux /proc, to a clock tick), or now where unknown."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start_ticks = int(fields[19])  # field 22 of the file; two are before the ')'
-        with open("/proc/uptime", "rb") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.time()
-
-
 class RequestFile:
     """The preStop side channel in $CHECKPOINT_CONTROL_DIR.
 
-    `pending()` is one stat() per call. A request older than this process is stale (left by an
-    earlier container of the same pod, whose emptyDir survives a restart) and is ignored.
+    `pending()` is one stat() per call; the request is read only when the stat changes. A
+    request from an earlier container of the same pod (whose emptyDir survives a restart) is
+    ignored: incarnation.py says how that is told without comparing clocks.
     """
 
     def __init__(self, control_dir: str | os.PathLike[str]) -> None:
@@ -109,15 +98,32 @@ class RequestFile:
         self.request = self.dir / REQUEST_FILE
         self.done = self.dir / DONE_FILE
         self.failed = self.dir / FAILED_FILE
-        # /proc's start time has clock-tick resolution; allow a little slack.
-        self.not_before = _process_start_time() - 0.05
+        self.me = incarnation.current()
+        # For a request without an identity: /proc's start time has clock-tick resolution;
+        # allow a little slack.
+        self.not_before = incarnation.process_start_time() - 0.05
+        self._seen: tuple[tuple[int, int, int, int], bool] | None = None
 
     def pending(self) -> bool:
         try:
             st = os.stat(self.request)
         except OSError:
             return False
-        return st.st_mtime >= self.not_before
+        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if self._seen is None or self._seen[0] != key:
+            self._seen = (key, self._for_me(st.st_mtime))
+        return self._seen[1]
+
+    def _for_me(self, mtime: float) -> bool:
+        try:
+            with open(self.request, "rb") as f:
+                body = json.loads(f.read(4096))
+        except (OSError, ValueError):
+            body = None
+        requester = incarnation.Incarnation.from_request(body)
+        if requester is not None and self.me is not None:
+            return self.me.may_ask(requester)
+        return mtime >= self.not_before
 
     def acknowledge(self, ok: bool, detail: dict[str, Any] | None = None) -> None:
         """Answer preStop: `checkpoint-done` or `checkpoint-failed`, written atomically; then the

@@ -279,3 +279,63 @@ def test_kubeckpt_trainer_is_idempotent(tmp_path):
     trainer.train()
     # The first config (every 4 steps) is the one in force.
     assert [(e.step, e.complete) for e in layout.scan(tmp_path / "ckpt")] == [(4, True), (8, True)]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("way", ["async", "sync"])
+def test_a_recreated_job_with_resume_false_keeps_the_first_runs_checkpoints(
+    tmp_path, reference, way
+):
+    """The first job wrote checkpoints 4 and 8. Re-created with resume "false" it trains from
+    scratch and, stopped by preStop at 5, saves 4 and a just-in-time 5 into generation-1/
+    (the Trainer's own synchronous save included), leaving the first run's untouched; re-created
+    again with the default it resumes from generation-1/checkpoint-5, exactly."""
+    root = tmp_path / "ckpt"
+    run = tmp_path / "run"
+
+    def job(**env: str) -> Trainer:
+        config = Config.from_env(_env(tmp_path, **env))
+        if way == "async":
+            return kubeckpt_trainer(_trainer(tmp_path), config)
+        return _trainer(tmp_path, callbacks=[KubeckptCallback(config)])  # the Trainer writes
+
+    first = job()
+    first.train()
+    assert [(e.generation, e.step) for e in layout.scan(root)] == [(0, 4), (0, 8)]
+    before = _tree(root)
+
+    class _Request(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 5:
+                run.mkdir(exist_ok=True)
+                (run / "checkpoint-request").write_text("")
+
+    second = job(CHECKPOINT_RESUME="false", CHECKPOINT_MAX_CHECKPOINTS="1")
+    second.callback_handler.callbacks.insert(0, _Request())
+    second.train()
+    assert second.state.global_step == 5 and json.loads((run / "checkpoint-done").read_text())
+    gen1 = root / "generation-1"
+    assert [(e.generation, e.step, e.complete) for e in layout.scan(root)] == [
+        (0, 4, True), (0, 8, True), (1, 5, True)
+    ]  # fmt: skip
+    assert {k: v for k, v in _tree(root).items() if not k.startswith("generation-")} == before
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["checkpointing"]["latestCheckpoint"] == str(gen1 / "checkpoint-5")
+    assert progress["checkpointing"]["latestCheckpointReason"] == "jit"
+
+    third = job()
+    if way == "async":
+        third.train()  # kubeckpt_trainer resumes by itself
+        assert third.kubeckpt.resumed_from == str(gen1 / "checkpoint-5")
+    else:
+        path = resume_checkpoint(root)  # what a script that calls train() itself passes
+        assert path == str(gen1 / "checkpoint-5")
+        third.train(resume_from_checkpoint=path)
+    assert third.state.global_step == STEPS
+    assert [(e.generation, e.step) for e in layout.scan(root)] == [(0, 4), (0, 8), (1, 5), (1, 8)]
+    assert {k: v for k, v in _tree(root).items() if not k.startswith("generation-")} == before
+    for name, value in _params(third.model).items():
+        torch.testing.assert_close(value, reference[name], rtol=0, atol=0, msg=name)

@@ -172,6 +172,33 @@ def test_two_processes_resume_from_the_local_tier_and_exactly(
     assert_same_final(reference[2], tmp_path / "b", 2)
 
 
+def test_a_recreated_job_with_resume_false_writes_a_new_generation_then_resumes_from_it(
+    tmp_path: Path, reference: dict[int, Path]
+) -> None:
+    """Two processes (orbax persistent tier, per-pod ramdisks). Re-created with resume "false"
+    (new pods: empty ramdisks), the job writes generation-1/ and leaves 7 and 14 as they were;
+    re-created again with the default it resumes from generation-1, exactly."""
+    persistent = tmp_path / "persistent"
+    run(tmp_path, tmp_path / "a", 2, steps=20)
+    before = {p: p.read_bytes() for p in persistent.rglob("*") if p.is_file()}
+    for k in range(2):
+        remove_tree(tmp_path / f"local-{k}")
+    infos = run(tmp_path, tmp_path / "b", 2, steps=10, CHECKPOINT_RESUME="false")
+    assert {i["resumed_from"] for i in infos} == {None}
+    assert [(e.generation, e.step) for e in layout.scan(persistent)] == [(0, 7), (0, 14), (1, 7)]
+    assert {p: p.read_bytes() for p in before} == before
+    for k in range(2):
+        assert read_manifest(tmp_path / f"local-{k}" / "checkpoint-9").generation == 1
+        remove_tree(tmp_path / f"local-{k}")
+    infos = run(tmp_path, tmp_path / "c", 2)
+    assert {(i["resumed_from"], i["resumed_tier"]) for i in infos} == {
+        ("generation-1/checkpoint-7", "persistent")
+    }
+    assert_same_final(reference[2], tmp_path / "c", 2)
+    assert [e.generation for e in layout.scan(persistent) if e.step > 14] == [1, 1]
+    assert {p: p.read_bytes() for p in before} == before
+
+
 @pytest.mark.parametrize("wiped", [(0, 1), (1,)])
 def test_local_tier_wiped_restores_from_persistent(
     tmp_path: Path, reference: dict[int, Path], wiped: tuple[int, ...]

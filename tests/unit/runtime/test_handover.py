@@ -101,17 +101,78 @@ def test_a_writer_that_died_is_not_waited_for_beyond_the_stale_time(tmp_path: Pa
     assert not (tmp_path / checkpoint_dir_name(20)).exists()
 
 
-def test_a_sentinel_untouched_for_long_is_dead_at_once(tmp_path: Path) -> None:
+class SkewedWriter(threading.Thread):
+    """A live writer on storage whose clock is `skew` seconds off the reader's (an NFS server
+    stamps the sentinel's mtime with its own clock): it touches the sentinel every `interval`
+    with that clock's time, then commits after `for_seconds`."""
+
+    def __init__(self, root: Path, step: int, skew: float, for_seconds: float) -> None:
+        super().__init__(daemon=True)
+        self.root, self.step, self.skew, self.for_seconds = root, step, skew, for_seconds
+        self.path = root / checkpoint_dir_name(step)
+        self.path.mkdir(parents=True)
+        self.sentinel = self.path / INCOMPLETE_SENTINEL
+        self.sentinel.write_text("being written\n")
+        self._touch()
+        self.errors: list[BaseException] = []
+
+    def _touch(self) -> None:
+        t = time.time() + self.skew
+        os.utime(self.sentinel, (t, t))
+
+    def run(self) -> None:
+        try:
+            end = time.monotonic() + self.for_seconds
+            while time.monotonic() < end:
+                time.sleep(0.5)
+                self._touch()
+            (self.path / "model.bin").write_bytes(b"m" * 64)
+            manifest = build_manifest(
+                self.path, step=self.step, epoch=0, world_size=1, framework="test",
+                tier="persistent",
+            )  # fmt: skip
+            layout.finalize(self.path, manifest)
+        except BaseException as e:
+            self.errors.append(e)
+
+
+@pytest.mark.parametrize("skew", [-120.0, 120.0], ids=["server-2min-behind", "server-2min-ahead"])
+def test_a_live_writer_is_waited_for_whatever_clock_stamps_its_sentinel(
+    tmp_path: Path, skew: float
+) -> None:
+    """The sentinel's mtime is 2 minutes off the reader's clock while its writer is alive: the
+    replacement still waits for it (its mtime changes), and resumes at its step."""
+    commit(tmp_path, 10)
+    writer = SkewedWriter(tmp_path, 20, skew, for_seconds=handover.STALE_SECONDS + 2)
+    writer.start()
+    t0 = time.monotonic()
+    step = restore(tmp_path)
+    waited = time.monotonic() - t0
+    writer.join()
+    assert not writer.errors
+    assert step == 20
+    assert waited >= handover.STALE_SECONDS
+
+
+@pytest.mark.parametrize(
+    "skew", [-120.0, 120.0, -86400.0], ids=["2min-behind", "2min-ahead", "a-day-old"]
+)
+def test_a_dead_writers_sentinel_is_taken_over_promptly_whatever_its_mtime(
+    tmp_path: Path, skew: float
+) -> None:
+    """Left by a writer that died, its mtime anywhere on the reader's clock: the sentinel does
+    not change, so the replacement stops waiting after STALE_SECONDS and cleans it up."""
     commit(tmp_path, 10)
     path = tmp_path / checkpoint_dir_name(20)
     path.mkdir()
     sentinel = path / INCOMPLETE_SENTINEL
     sentinel.write_text("left by a crash\n")
-    old = time.time() - handover.STALE_AT_ONCE_SECONDS - 5
-    os.utime(sentinel, (old, old))
+    t = time.time() + skew
+    os.utime(sentinel, (t, t))
     t0 = time.monotonic()
-    assert handover.wait_for_saves_in_flight(tmp_path) == []
-    assert time.monotonic() - t0 < 1
+    assert restore(tmp_path) == 10
+    assert time.monotonic() - t0 < handover.STALE_SECONDS + 1.5
+    assert not path.exists()
 
 
 def test_the_wait_is_bounded(tmp_path: Path) -> None:
@@ -125,14 +186,43 @@ def test_the_wait_is_bounded(tmp_path: Path) -> None:
         hb.stop()
 
 
-def test_older_incomplete_checkpoints_are_not_waited_for(tmp_path: Path) -> None:
-    """Only a save newer than the newest complete one can change what restore takes."""
-    path = layout.begin(tmp_path, 5)  # beating, but older than checkpoint-10
+def test_a_save_in_flight_at_a_lower_step_is_waited_for_too(tmp_path: Path) -> None:
+    """Step numbers do not order saves (a run resumed from an older checkpoint writes lower
+    steps than the one it abandoned): a live writer below the newest complete step is waited
+    for, and its checkpoint is not deleted as a leftover under it."""
+    path = layout.begin(tmp_path, 5)  # beating, at a lower step than checkpoint-10
     commit(tmp_path, 10)
-    t0 = time.monotonic()
-    assert handover.wait_for_saves_in_flight(tmp_path) == []
-    assert time.monotonic() - t0 < 1
-    assert path.exists()
+    result: list[list[int]] = []
+    waiter = threading.Thread(
+        target=lambda: result.append(handover.wait_for_saves_in_flight(tmp_path, timeout=30))
+    )
+    waiter.start()
+    time.sleep(1.5)
+    assert waiter.is_alive()  # still waiting for checkpoint-5's writer
+    (path / "model.bin").write_bytes(b"m")
+    manifest = build_manifest(
+        path, step=5, epoch=0, world_size=1, framework="test", tier="persistent"
+    )
+    layout.finalize(path, manifest)
+    waiter.join(5)
+    assert result == [[5]]
+    assert [e.step for e in layout.scan(tmp_path) if e.complete] == [5, 10]
+
+
+def test_a_live_writer_in_another_generation_is_waited_for(tmp_path: Path) -> None:
+    commit(tmp_path, 10)
+    hb_path = layout.begin(layout.generation_dir(tmp_path, 1), 3)
+    try:
+        t0 = time.monotonic()
+        assert handover.wait_for_saves_in_flight(tmp_path, timeout=1.5) == [3]
+        assert time.monotonic() - t0 >= 1.5
+    finally:
+        layout.finalize(
+            hb_path,
+            build_manifest(
+                hb_path, step=3, epoch=0, world_size=1, framework="t", tier="persistent"
+            ),
+        )
 
 
 def test_the_bound_is_the_injected_grace() -> None:

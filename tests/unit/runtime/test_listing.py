@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,21 +16,41 @@ from pathlib import Path
 import pytest
 
 from trainer_runtime import listing
-from trainer_runtime.contract import INCOMPLETE_SENTINEL, MANIFEST_FILE, build_manifest
+from trainer_runtime.contract import (
+    INCOMPLETE_SENTINEL,
+    MANIFEST_FILE,
+    MANIFEST_GENERATION,
+    MANIFEST_SEQUENCE,
+    build_manifest,
+)
 from trainer_runtime.storage import LocalTier
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def save(tier: LocalTier, step: int, files: dict[str, bytes]) -> Path:
-    """A checkpoint as the runtime commits it; returns its directory."""
+def save(
+    tier: LocalTier,
+    step: int,
+    files: dict[str, bytes],
+    *,
+    sequence: int | None = None,
+    generation: int | None = None,
+) -> Path:
+    """A checkpoint as the runtime commits it (in the tier's generation, with a sequence in
+    commit order and its run's generation when given); returns its directory."""
     d = tier.begin(step)
     for rel, data in files.items():
         (d / rel).parent.mkdir(parents=True, exist_ok=True)
         (d / rel).write_bytes(data)
+    extra: dict[str, int] = {}
+    if sequence is not None:
+        extra[MANIFEST_SEQUENCE] = sequence
+    if generation is not None:
+        extra[MANIFEST_GENERATION] = generation
     manifest = build_manifest(
-        d, step=step, epoch=step // 10, world_size=2, framework="torch", tier=tier.name
-    )
+        d, step=step, epoch=step // 10, world_size=2, framework="torch", tier=tier.name,
+        extra=extra,
+    )  # fmt: skip
     tier.commit(step, manifest)
     return d
 
@@ -93,15 +114,73 @@ def test_a_save_in_flight_reads_as_writing_then_complete(tiers) -> None:
     c = by_name(listing.listing(persistent.root, None), "persistent")["checkpoint-30"]
     assert c["state"] == "writing" and c["complete"] is False
     assert c["bytes"] == 10 and c["files"] == 1  # walked: the sentinel is not counted
-    # the same directory once its writer is long gone (the heartbeat stopped a minute ago)
-    later = time.time() + 60
-    c = by_name(listing.listing(persistent.root, None, now=later), "persistent")["checkpoint-30"]
+    # the same directory once its writer is gone (its heartbeat stopped)
+    [beat] = [t for t in threading.enumerate() if t.name == "kubeckpt-heartbeat:checkpoint-30"]
+    beat.stop()
+    beat.join()
+    c = by_name(listing.listing(persistent.root, None), "persistent")["checkpoint-30"]
     assert c["state"] == "incomplete"
     assert any("sentinel left behind" in p for p in c["problems"])
     manifest = build_manifest(d, step=30, epoch=0, world_size=1, framework="t", tier="persistent")
     persistent.commit(30, manifest)
     c = by_name(listing.listing(persistent.root, None), "persistent")["checkpoint-30"]
     assert c["state"] == "complete" and c["complete"] is True
+
+
+@pytest.mark.parametrize("skew", [-120.0, 120.0])
+def test_writing_is_told_by_the_heartbeat_not_by_the_storages_clock(tiers, skew: float) -> None:
+    """Sentinels stamped 2 minutes off the listing's clock (an NFS server's): the one whose
+    writer beats reads as writing, the one nobody touches as incomplete."""
+    persistent, _ = tiers
+    root = Path(persistent.root)
+    for step in (1, 2):
+        (root / f"checkpoint-{step}").mkdir(parents=True)
+        (root / f"checkpoint-{step}" / INCOMPLETE_SENTINEL).write_text("")
+    live = root / "checkpoint-1" / INCOMPLETE_SENTINEL
+    t = time.time() + skew
+    os.utime(root / "checkpoint-2" / INCOMPLETE_SENTINEL, (t, t))
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(0.2):
+            t = time.time() + skew
+            os.utime(live, (t, t))
+
+    writer = threading.Thread(target=beat)
+    writer.start()
+    try:
+        cs = by_name(listing.listing(str(root), None, watch=1.0), "persistent")
+    finally:
+        done.set()
+        writer.join()
+    assert cs["checkpoint-1"]["state"] == "writing" and cs["checkpoint-1"]["problems"] == []
+    assert cs["checkpoint-2"]["state"] == "incomplete"
+    assert "sentinel left behind" in cs["checkpoint-2"]["problems"][0]
+
+
+def test_generations_are_listed_newest_first_by_commit_order(tiers) -> None:
+    """A job re-created with resume "false" wrote generation-1 beside the root's checkpoints:
+    both are listed, the newer generation first, each by commit order (not by step)."""
+    persistent, local = tiers
+    for step, seq in ((3000, 1), (4000, 2), (5000, 3)):
+        save(persistent, step, {"a": b"x"}, sequence=seq, generation=0)
+    persistent.generation = 1
+    save(persistent, 200, {"a": b"y"}, sequence=4, generation=1)
+    save(persistent, 100, {"a": b"z"}, sequence=5, generation=1)  # committed after 200
+    save(local, 150, {"a": b"l"}, sequence=6, generation=1)
+    doc = listing.listing(persistent.root, local.root)
+    got = [(c["tier"], c["generation"], c["step"], c["sequence"]) for c in doc["checkpoints"]]
+    assert got == [
+        ("local", 1, 150, 6),
+        ("persistent", 1, 100, 5),
+        ("persistent", 1, 200, 4),
+        ("persistent", 0, 5000, 3),
+        ("persistent", 0, 4000, 2),
+        ("persistent", 0, 3000, 1),
+    ]
+    hundred = doc["checkpoints"][1]
+    assert hundred["location"] == str(Path(persistent.root, "generation-1", "checkpoint-100"))
+    assert hundred["state"] == "complete"
 
 
 def test_crashed_corrupt_and_damaged_checkpoints(tiers) -> None:
@@ -231,32 +310,6 @@ def test_bad_arguments_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> 
     assert e.value.code == 2
     assert listing.main([], environ={}) == 0
     assert json.loads(capsys.readouterr().out)["checkpoints"] == []
-
-
-@pytest.fixture
-def s3_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, str]]:
-    """A bucket on a local moto server, reached with the AWS_* variables the webhook passes."""
-    moto_server = pytest.importorskip("moto.server")
-    from localcluster import free_port
-
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-    }.items():
-        monkeypatch.setenv(key, value)
-    try:
-        from trainer_runtime.storage import _s3_filesystem
-
-        fs = _s3_filesystem()
-        fs.mkdir("listing-test")
-        yield fs, "s3://listing-test/ns/job"
-    finally:
-        server.stop()
 
 
 def test_s3_tier(s3_root, tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trainer_runtime.contract import DONE_FILE, FAILED_FILE, REQUEST_FILE
-from trainer_runtime.stop import prestop
+from trainer_runtime.stop import incarnation, prestop
 from trainer_runtime.stop.triggers import RequestFile, SignalTrigger
 
 REPO = Path(__file__).resolve().parents[3]
@@ -67,6 +68,89 @@ def test_request_file_pending_and_stale(tmp_path: Path) -> None:
     req.acknowledge(True, {"step": 12})
     assert json.loads((tmp_path / DONE_FILE).read_text())["step"] == 12
     assert not (tmp_path / REQUEST_FILE).exists()  # answered: a restart will not stop at once
+
+
+def _hook_request(directory: Path) -> dict:
+    """What a preStop hook started now writes (a process of its own, as the kubelet runs it)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer_runtime.prestop",
+            f"--control-dir={directory}",
+            "--timeout=0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == prestop.EXIT_TIMEOUT, out.stderr
+    return json.loads((directory / REQUEST_FILE).read_text())
+
+
+def test_a_request_from_an_earlier_container_is_not_taken_for_this_one(tmp_path: Path) -> None:
+    """The emptyDir outlives a container restart: a request the earlier container's hook wrote
+    is there, and fresh (its mtime is no help), but that hook started before this process."""
+    req = RequestFile(tmp_path)
+    me = incarnation.current()
+    assert me is not None
+    request = tmp_path / REQUEST_FILE
+    earlier = {
+        "time": time.time(),
+        **incarnation.Incarnation(me.boot_id, me.start_ticks - 500).to_request(),
+    }
+    request.write_text(json.dumps(earlier))
+    assert not req.pending()
+    other_boot = {**earlier, "bootId": "0" * 8, "startTicks": me.start_ticks + 10}
+    request.write_text(json.dumps(other_boot))  # before a node reboot: ticks do not compare
+    assert not req.pending()
+    # This container's hook, started after this process: taken, and answered.
+    body = _hook_request(tmp_path)
+    assert body["bootId"] == me.boot_id and body["startTicks"] >= me.start_ticks
+    assert req.pending()
+    req.acknowledge(True, {"step": 3})
+    assert not req.pending()
+
+
+def test_request_identity_ignores_the_containers_uptime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LXCFS shows a container its own /proc/uptime while /proc/self/stat counts from the host's
+    boot: mixing them put this process's start hours off. /proc/uptime is not read at all."""
+    import builtins
+
+    real_open = builtins.open
+    opened: list[str] = []
+
+    def lxcfs_open(file, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(str(file))
+        if str(file) == "/proc/uptime":
+            return io.BytesIO(b"3.00 3.00\n")  # the container started 3 s ago
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", lxcfs_open)
+    req = RequestFile(tmp_path)
+    monkeypatch.setattr(builtins, "open", real_open)
+    body = _hook_request(tmp_path)
+    monkeypatch.setattr(builtins, "open", lxcfs_open)
+    assert req.pending()
+    assert req.me is not None
+    stale = {**body, "startTicks": req.me.start_ticks - 1}  # a hook from before this process
+    (tmp_path / REQUEST_FILE).write_text(json.dumps(stale))
+    assert not req.pending()
+    assert "/proc/uptime" not in opened
+
+
+def test_a_request_without_an_identity_is_judged_by_its_time(tmp_path: Path) -> None:
+    """The webhook's shell fallback writes `date +%s`: newer than this process counts."""
+    req = RequestFile(tmp_path)
+    request = tmp_path / REQUEST_FILE
+    request.write_text(f"{int(time.time())}\n")
+    assert req.pending()
+    old = req.not_before - 3600
+    os.utime(request, (old, old))
+    assert not req.pending()
+    assert req.not_before <= time.time() + 1
 
 
 def _answer_later(directory: Path, name: str, delay: float) -> threading.Thread:
