@@ -18,7 +18,7 @@ from typing import Any
 import jsonpatch
 
 from kubeckpt_api import __version__
-from kubeckpt_api.jobkinds import job_identity
+from kubeckpt_api.jobkinds import JobIdentity, job_identity
 from kubeckpt_api.optin import (
     INJECTED_LABEL,
     STATUS_ANNOTATION,
@@ -152,17 +152,18 @@ def prestop_command(wait_seconds: int) -> list[str]:
 
 
 def storage_plan(
-    policy: Policy, namespace: str, job: str
+    policy: Policy, namespace: str, job: JobIdentity
 ) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]:
-    """(CHECKPOINT_URI, volume, mount, extra env) for the policy's storage URI."""
+    """(CHECKPOINT_URI, volume, mount, extra env) for the policy's storage URI. Each job gets its
+    kind's own directory below it (JobKind.storage_dir): jobs of two kinds never share one."""
     uri = policy.storage_uri
-    per_job = f"{namespace}/{job}"
+    per_job = job.job_kind.storage_dir(namespace, job.name)
     if uri.startswith("pvc://"):
         claim, _, path = uri[len("pvc://") :].partition("/")
         sub = "/".join(p for p in (path.strip("/"), per_job) if p)
         mount_path = f"{policy.mount_path.rstrip('/')}/{per_job}"
         volume = {"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
-        # subPath per namespace/job: a job sees only its own checkpoints.
+        # subPath per job: a job sees only its own checkpoints.
         mount = {"name": STORAGE_VOLUME, "mountPath": mount_path, "subPath": sub}
         return mount_path, volume, mount, []
     if uri.startswith("s3://"):
@@ -319,7 +320,7 @@ def mutate(
     index = next((i for i, c in enumerate(containers) if c.get("name") == job.target_container), 0)
     container = containers[index]
     try:
-        uri, storage_volume, storage_mount, secret_env = storage_plan(policy, ns, job.name)
+        uri, storage_volume, storage_mount, secret_env = storage_plan(policy, ns, job)
     except ValueError as e:
         return unchanged("unusable storage", [f"kubeckpt: {e}"])
 

@@ -235,7 +235,8 @@ def test_jax_trainjob_pod_is_injected_as_the_torch_one(
     assert got["injected"] == "true" and got["status"]["container"] == "node"
     e = {x["name"]: x for x in got["env"]}
     assert e["KUBECKPT_JOB_KIND"]["value"] == "TrainJob" and e["KUBECKPT_JOB_NAME"]["value"] == "tj"
-    assert e["CHECKPOINT_URI"]["value"] == f"/mnt/kubeckpt/{opted_in}/tj"
+    # A TrainJob's own directory: a PyTorchJob named tj keeps /mnt/kubeckpt/<ns>/tj.
+    assert e["CHECKPOINT_URI"]["value"] == f"/mnt/kubeckpt/{opted_in}/_trainjob/tj"
     assert got["terminationGracePeriodSeconds"] == 240
     c = jax["spec"]["containers"][0]
     assert (c["command"], c["ports"]) == (JAX_NODE["command"], JAX_NODE["ports"])
