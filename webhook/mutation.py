@@ -18,7 +18,7 @@ from typing import Any
 import jsonpatch
 
 from kubeckpt_api import __version__
-from kubeckpt_api.jobkinds import JobIdentity, job_identity
+from kubeckpt_api.jobkinds import JobIdentity, job_identity, ownership_problem
 from kubeckpt_api.optin import (
     INJECTED_LABEL,
     STATUS_ANNOTATION,
@@ -77,6 +77,8 @@ RUNTIME_UID = 65532  # the image's non-root user
 # The operator-set env that says how many nodes (pods) a job spans, for the local tier's size.
 NODE_COUNT_ENV = ("PET_NNODES", "JAX_NUM_PROCESSES", "KUBECKPT_NODES")
 DEFAULT_LOCAL_SIZE = "8Gi"
+# The `skipped` entry of a pod whose labels name a job that does not own it (not injected).
+OWNERSHIP_SKIPPED = "ownership"
 # Grace: one step plus one save, with 50 % and 10 s of headroom for the preStop round trip.
 GRACE_FACTOR = 1.5
 GRACE_HEADROOM_SECONDS = 10
@@ -296,14 +298,23 @@ def mutate(
         or ((namespace or {}).get("metadata") or {}).get("name", "")
     )
 
-    def unchanged(reason: str, warnings: list[str] | None = None) -> MutationResult:
-        return MutationResult(original, [], reason, warnings or [])
+    def unchanged(
+        reason: str, warnings: list[str] | None = None, skipped: list[str] | None = None
+    ) -> MutationResult:
+        return MutationResult(original, [], reason, warnings or [], skipped or [])
 
     job = job_identity(labels)
     if job is None:
         return unchanged("not a training pod")
     if not opted_in(labels, namespace):
         return unchanged("not opted in")
+    if (problem := ownership_problem(job, meta)) is not None:
+        # A bare pod labelled as a job's would get the job's storage and grace period.
+        return unchanged(
+            f"not a pod of {job.kind} {job.name}: {problem}",
+            [f"kubeckpt: not injected as a pod of {job.kind} {job.name}: {problem}"],
+            [OWNERSHIP_SKIPPED],
+        )
     if labels.get(INJECTED_LABEL) == "true" or STATUS_ANNOTATION in annotations:
         return unchanged("already injected")
     if policy_obj is None:

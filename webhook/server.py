@@ -47,7 +47,8 @@ class Metrics:
         )
         self.skipped = Counter(
             "kubeckpt_webhook_skipped_fields",
-            "Fields not injected because the user had set them",
+            "What was not injected, and why: a field the user had set, an override above the "
+            "policy's limit, or a whole pod its job does not own (field=ownership)",
             ["field"],
             registry=r,
         )
@@ -124,10 +125,10 @@ def make_app(
             if result.injected:
                 result_label = "injected"
                 m.patches.inc()
-                for f in result.skipped:
-                    m.skipped.labels(f.split("/", 1)[0]).inc()
             else:
                 result_label = "skipped"
+            for f in result.skipped:
+                m.skipped.labels(f.split("/", 1)[0]).inc()
             log.debug("%s: %s", uid, result.reason)
             return web.json_response(review_response(uid, result.patch, result.warnings))
         finally:
