@@ -25,6 +25,7 @@ from kubeckpt_api.optin import (
     opted_in,
 )
 from kubeckpt_api.policy import MIN_GRACE_SECONDS, Policy, apply_overrides, policy_from_object
+from kubeckpt_api.status_bounds import in_range, step_seconds
 from trainer_runtime.contract import (
     CHECKPOINT_CONTROL_DIR,
     CHECKPOINT_ENABLED,
@@ -82,6 +83,7 @@ OWNERSHIP_SKIPPED = "ownership"
 # Grace: one step plus one save, with 50 % and 10 s of headroom for the preStop round trip.
 GRACE_FACTOR = 1.5
 GRACE_HEADROOM_SECONDS = 10
+SAVE_SECONDS = ("checkpointing", "lastSaveSeconds")  # its path in status_bounds
 
 
 @dataclass
@@ -94,15 +96,31 @@ class MutationResult:
     injected: bool = False
 
 
-def grace_seconds(policy: Policy, progress: Mapping[str, Any] | None) -> int:
-    """Enough for one step and one save when the job measured them, else the policy's bound."""
-    status = (progress or {}).get("status") or {}
-    step = _float(status.get("stepSeconds"))
-    save = _float((status.get("checkpointing") or {}).get("lastSaveSeconds"))
+def grace_seconds(policy: Policy, progress: object) -> int:
+    """Enough for one step and one save when the job measured them, else the policy's bound.
+
+    The times come from a TrainingProgress, i.e. from what a training pod reported: each is used
+    only as the decimal string the CRD stores and within kubeckpt_api.status_bounds (a step of at
+    most an hour, a save of at most a day). Anything else, of any shape, is ignored and the
+    policy's bound applies, so no record can raise here (a huge lastSaveSeconds once did, and
+    every later pod of that job was admitted uninjected).
+    """
+    status = _field(progress, "status")
+    step = step_seconds(_text(_field(status, "stepSeconds")))
+    save = in_range(SAVE_SECONDS, _text(_field(_field(status, "checkpointing"), "lastSaveSeconds")))
     if save is None:
         return policy.max_grace_seconds
     need = math.ceil((save + (step or 0.0)) * GRACE_FACTOR + GRACE_HEADROOM_SECONDS)
     return max(MIN_GRACE_SECONDS, min(need, policy.max_grace_seconds))
+
+
+def _field(obj: object, key: str) -> object:
+    return obj.get(key) if isinstance(obj, Mapping) else None
+
+
+def _text(value: object) -> str | None:
+    """The CRD stores these times as decimal strings: anything else is not a stored value."""
+    return value if isinstance(value, str) else None
 
 
 def local_size_limit(policy: Policy, nodes: int) -> str:
@@ -119,14 +137,6 @@ def local_size_limit(policy: Policy, nodes: int) -> str:
 def shutdown_margin(grace: int) -> int:
     """Seconds kept back from the grace period for the process to exit after the save."""
     return max(2, min(10, grace // 6))
-
-
-def _float(value: object) -> float | None:
-    try:
-        f = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) and f >= 0 else None
 
 
 def _esc(token: str) -> str:
@@ -276,7 +286,7 @@ def mutate(
     pod: Mapping[str, Any],
     policy_obj: Mapping[str, Any] | None,
     namespace: Mapping[str, Any] | None,
-    progress: Mapping[str, Any] | None = None,
+    progress: object = None,
     *,
     namespace_name: str | None = None,
     copy_pod: bool = True,

@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from kubeckpt_api.jobkinds import job_identity
+from kubeckpt_api.jobkinds import POD_CONTROLLERS, JobIdentity, controller_reference, job_identity
 from kubeckpt_api.optin import select_policy
 from reconciler.admission.review import BadReview, is_pod_create, parse_review, review_response
 from reconciler.metrics_auth import MetricsAuth
@@ -57,6 +57,16 @@ class Metrics:
         )
 
 
+def job_uid(job: JobIdentity, pod: Mapping[str, Any]) -> str | None:
+    """The job's UID where the pod names it: a pod its job controls itself (a PyTorchJob's)."""
+    if not POD_CONTROLLERS[job.kind].is_the_job:
+        return None
+    meta = pod.get("metadata")
+    ref = controller_reference(meta) if isinstance(meta, Mapping) else None
+    uid = ref.get("uid") if ref is not None else None
+    return uid if isinstance(uid, str) and uid else None
+
+
 def decide(
     view: ClusterView, request: dict[str, Any], runtime_image: str = DEFAULT_RUNTIME_IMAGE
 ) -> MutationResult:
@@ -66,7 +76,7 @@ def decide(
     labels = (pod.get("metadata") or {}).get("labels") or {}
     policy, warnings = select_policy(view.policies(ns_name), labels)
     job = job_identity(labels)
-    progress = view.progress(ns_name, job.name) if job else None
+    progress = view.progress(ns_name, job, job_uid(job, pod)) if job else None
     # The request was parsed for this call alone and is not read again: hand the pod over to be
     # patched in place rather than copied.
     result = mutate(

@@ -313,7 +313,23 @@ def handler_view() -> StaticView:
             {
                 "apiVersion": API_VERSION,
                 "kind": TRAINING_PROGRESS.kind,
-                "metadata": {"name": JOB, "namespace": NS},
+                # the job's own (spec.jobRef, owned by it): what the webhook looks a job's up by
+                "metadata": {
+                    "name": JOB,
+                    "namespace": NS,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "kubeflow.org/v1",
+                            "kind": "PyTorchJob",
+                            "name": JOB,
+                            "uid": JOB_UID,
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {
+                    "jobRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": JOB}
+                },
                 "status": {"stepSeconds": "1.82", "checkpointing": {"lastSaveSeconds": "21.4"}},
             }
         ],
