@@ -25,6 +25,7 @@ from kubeckpt_api.optin import (
     opted_in,
 )
 from kubeckpt_api.policy import MIN_GRACE_SECONDS, Policy, apply_overrides, policy_from_object
+from kubeckpt_api.policy_limits import cap_overrides, local_size_limit
 from kubeckpt_api.status_bounds import in_range, step_seconds
 from trainer_runtime.contract import (
     CHECKPOINT_CONTROL_DIR,
@@ -77,7 +78,6 @@ USER_PYTHONPATH = "KUBECKPT_USER_PYTHONPATH"  # the user's valueFrom PYTHONPATH,
 RUNTIME_UID = 65532  # the image's non-root user
 # The operator-set env that says how many nodes (pods) a job spans, for the local tier's size.
 NODE_COUNT_ENV = ("PET_NNODES", "JAX_NUM_PROCESSES", "KUBECKPT_NODES")
-DEFAULT_LOCAL_SIZE = "8Gi"
 # The `skipped` entry of a pod whose labels name a job that does not own it (not injected).
 OWNERSHIP_SKIPPED = "ownership"
 # Grace: one step plus one save, with 50 % and 10 s of headroom for the preStop round trip.
@@ -121,17 +121,6 @@ def _field(obj: object, key: str) -> object:
 def _text(value: object) -> str | None:
     """The CRD stores these times as decimal strings: anything else is not a stored value."""
     return value if isinstance(value, str) else None
-
-
-def local_size_limit(policy: Policy, nodes: int) -> str:
-    """DESIGN.md: sizeLimit, else 2 x (params x 12 B / nodes) x 1.15, else the default."""
-    if policy.local_size_limit:
-        return policy.local_size_limit
-    if policy.local_model_parameters:
-        per_node = policy.local_model_parameters * 12 / max(nodes, 1)
-        mib = math.ceil(2 * per_node * 1.15 / 2**20)
-        return f"{max(mib, 1)}Mi"
-    return DEFAULT_LOCAL_SIZE
 
 
 def shutdown_margin(grace: int) -> int:
@@ -340,13 +329,16 @@ def mutate(
         return unchanged("pod has no containers")
     index = next((i for i, c in enumerate(containers) if c.get("name") == job.target_container), 0)
     container = containers[index]
+    # The policy is the ceiling: an override may lower a limit, never raise it.
+    policy, clamps = cap_overrides(base, policy, nodes=_nodes(container))
+    warnings += [c.warning for c in clamps]
     try:
         uri, storage_volume, storage_mount, secret_env = storage_plan(policy, ns, job)
     except ValueError as e:
         return unchanged("unusable storage", [f"kubeckpt: {e}"])
 
     ops: list[dict[str, Any]] = []
-    skipped: list[str] = []
+    skipped: list[str] = [c.skipped for c in clamps]
     cpath = f"/spec/containers/{index}"
 
     # --- zero-code mode: its edits of the user's env go first, while their indices hold --------

@@ -240,7 +240,9 @@ def test_annotation_overrides_validated_invalid_ignored_with_warning() -> None:
         "kubeckpt.io/strategy": "hourly",
         "kubeckpt.io/bogus": "1",
     }
-    r = mutate(p, policy(), NS)
+    # max-checkpoints is a limit: 5 applies under a policy that allows 10 (tests of the ceiling:
+    # test_policy_ceiling.py)
+    r = mutate(p, policy(maxCheckpoints=10), NS)
     env = env_of(r.pod)
     assert env["CHECKPOINT_INTERVAL"]["value"] == "600"
     assert env["CHECKPOINT_MAX_CHECKPOINTS"]["value"] == "5"
