@@ -1,8 +1,11 @@
 """The admission HTTP server: POST /mutate, /healthz, /readyz, /metrics (aiohttp, TLS 1.2+).
 
-Failure rules: a body that is not a usable AdmissionReview gets 400 with the reason, one over
-4 MiB gets 413, and anything that goes wrong inside the mutation allows the pod unchanged with a
-warning (the same outcome as the configuration's failurePolicy: Ignore). Nothing answers 500.
+Who may call /mutate: anyone who reaches the port, unless the server verifies client certificates
+(`client_auth`, the `--client-ca-file` flag): then only the API server. The README's threat model
+says what an answer reveals. Failure rules: a body that is not a usable AdmissionReview gets 400
+with the reason, one over 4 MiB gets 413, and anything that goes wrong inside the mutation allows
+the pod unchanged with a warning (the same outcome as the configuration's failurePolicy: Ignore).
+Nothing answers 500.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from kubeckpt_api.jobkinds import POD_CONTROLLERS, JobIdentity, controller_reference, job_identity
 from kubeckpt_api.optin import select_policy
+from reconciler.admission.client_auth import ClientCertAuth
 from reconciler.admission.review import BadReview, is_pod_create, parse_review, review_response
 from reconciler.metrics_auth import MetricsAuth
 
@@ -100,7 +104,10 @@ def make_app(
     has_certificate: Callable[[], bool] = lambda: True,
     runtime_image: str = DEFAULT_RUNTIME_IMAGE,
     metrics_auth: MetricsAuth | None = None,
+    client_auth: ClientCertAuth | None = None,
 ) -> web.Application:
+    """The webhook's routes. With `client_auth`, /mutate answers only the API server (its client
+    certificate; 401 before anything is read or looked up) and /readyz waits for the client CA."""
     m = metrics or Metrics()
     app = web.Application(client_max_size=MAX_BODY_BYTES)
 
@@ -108,6 +115,9 @@ def make_app(
         start = time.perf_counter()
         result_label = "error"
         try:
+            if client_auth is not None and (why := client_auth.check(request)) is not None:
+                result_label = "unauthorized"  # before the body is read or anything looked up
+                return client_auth.refusal(request, why)
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
@@ -153,6 +163,8 @@ def make_app(
             return web.Response(status=503, text="caches not synced")
         if not has_certificate():
             return web.Response(status=503, text="no serving certificate")
+        if client_auth is not None and client_auth.tls.client_ca is None:
+            return web.Response(status=503, text="no client CA")
         return web.Response(text="ok")
 
     async def metrics_handler(_: web.Request) -> web.Response:
