@@ -82,29 +82,33 @@ def operator_pod(kind: str, job: str, namespace: str, container: str | None = No
 
 
 def training_progress(
-    name: str, namespace: str, kind: str, job: str, owner_uid: str, status: dict | None = None
+    name: str,
+    namespace: str,
+    kind: str,
+    job: str,
+    owner_uid: str | None,
+    status: dict | None = None,
 ) -> dict[str, Any]:
     """A TrainingProgress as the controller keeps it: about `kind` `job` (spec.jobRef), owned by
-    the job with UID `owner_uid`, named `name` (the job's name, or `<job>-<kind>` for the second
-    of two same-named jobs of different kinds)."""
+    the job with UID `owner_uid` (None: no owner), named `name` (the job's name, or
+    `<job>-<kind>` for the second of two same-named jobs of different kinds)."""
     api_version = "kubeflow.org/v1" if kind == "PyTorchJob" else "trainer.kubeflow.org/v1alpha1"
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if owner_uid is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": api_version,
+                "kind": kind,
+                "name": job,
+                "uid": owner_uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
     return {
         "apiVersion": "kubeckpt.io/v1alpha1",
         "kind": "TrainingProgress",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "ownerReferences": [
-                {
-                    "apiVersion": api_version,
-                    "kind": kind,
-                    "name": job,
-                    "uid": owner_uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
+        "metadata": metadata,
         "spec": {"jobRef": {"apiVersion": api_version, "kind": kind, "name": job}},
         "status": status or {},
     }
