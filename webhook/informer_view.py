@@ -1,7 +1,8 @@
 """The webhook's ClusterView backed by the reconciler library's informers.
 
 Three caches: Namespaces (for the opt-in label), CheckpointPolicies and TrainingProgress (for the
-adaptive grace period). An admission request only reads them; the informers keep them current.
+adaptive grace period, indexed by spec.jobRef). An admission request only reads them; the
+informers keep them current.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubeckpt_api.groupversion import API_VERSION, CHECKPOINT_POLICY, TRAINING_PROGRESS
+from kubeckpt_api.jobkinds import JobIdentity
 from reconciler.client import Client
 from reconciler.informer import Informer
 from reconciler.transform import strip_bookkeeping
+
+from .view import JOB_REF_INDEX, choose_progress, job_ref_index, job_ref_key
 
 
 class InformerView:
@@ -31,8 +35,11 @@ class InformerView:
         }
         for key, (api_version, plural) in specs.items():
             api = await self._client.api_for(api_version, plural)
+            indexers = {JOB_REF_INDEX: job_ref_index} if key == "progress" else None
             # managedFields and kubectl's last-applied copy: never read, often most of the bytes.
-            inf = Informer(api, name=f"webhook-{plural}", transform=strip_bookkeeping)
+            inf = Informer(
+                api, name=f"webhook-{plural}", indexers=indexers, transform=strip_bookkeeping
+            )
             self._informers[key] = inf
             self._tasks.append(asyncio.create_task(inf.run(), name=f"informer-{plural}"))
 
@@ -57,5 +64,10 @@ class InformerView:
     def policies(self, namespace: str) -> list[Mapping[str, Any]]:
         return self._informers["policies"].store.list(namespace)
 
-    def progress(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return self._informers["progress"].store.get_by_name(name, namespace)
+    def progress(
+        self, namespace: str, job: JobIdentity, job_uid: str | None = None
+    ) -> Mapping[str, Any] | None:
+        key = job_ref_key(namespace, job.job_kind, job.name)
+        return choose_progress(
+            self._informers["progress"].store.by_index(JOB_REF_INDEX, key), job_uid
+        )

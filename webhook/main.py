@@ -4,11 +4,13 @@
                      [--cert-mode self|files] [--cert-dir DIR]
                      [--service kubeckpt-webhook] [--namespace kubeckpt-system]
                      [--webhook-config kubeckpt-webhook] [--extra-ip 127.0.0.1]
-                     [--runtime-image kubeckpt/kubeckpt:<version>] ...
+                     [--runtime-image kubeckpt/kubeckpt:<version>]
+                     [--client-ca-file FILE [--client-allowed-names NAME]] ...
 
 In-cluster it reads the service-account token; with --kubeconfig it uses that file. It serves
 /mutate, /healthz, /readyz and /metrics over TLS on one port; /metrics only to callers the API
-server allows to get it (--no-metrics-auth: to anyone).
+server allows to get it (--no-metrics-auth: to anyone); /mutate, with --client-ca-file, only to
+the API server (its client certificate), else to anyone who reaches the port.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ import signal
 import sys
 from pathlib import Path
 
-from reconciler.admission import CertManager, ClientSecretStore, FileCertSource, ServingTLS
+from reconciler.admission import (
+    CertManager,
+    ClientCAFile,
+    ClientCertAuth,
+    ClientSecretStore,
+    FileCertSource,
+    ServingTLS,
+)
 from reconciler.client import Client
 from reconciler.metrics_auth import MetricsAuth
 
@@ -82,6 +91,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="serve /metrics only to callers the API server allows to get it (default); "
         "--no-metrics-auth: to anyone who reaches the port, for local development",
     )
+    ap.add_argument(
+        "--client-ca-file",
+        type=Path,
+        help="PEM CA bundle that signed the API server's webhook client certificate (its "
+        "--admission-control-config-file): /mutate then answers only clients that present a "
+        "certificate it signed (401 otherwise; reloaded when the file changes). /healthz, "
+        "/readyz and /metrics are not affected",
+    )
+    ap.add_argument(
+        "--client-allowed-names",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --client-ca-file: accept only client certificates whose common name or a DNS "
+        "name is NAME (repeatable); needed when that CA also signs other clients' certificates",
+    )
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     return ap.parse_args(argv)
 
@@ -111,6 +136,12 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         else:
             source = FileCertSource(args.cert_dir, tls)
             tasks.append(asyncio.create_task(source.run(), name="certificate-files"))
+        client_auth = None
+        if args.client_ca_file is not None:
+            client_ca = ClientCAFile(args.client_ca_file, tls)
+            client_ca.load_once()
+            tasks.append(asyncio.create_task(client_ca.run(), name="client-ca-file"))
+            client_auth = ClientCertAuth(tls, args.client_allowed_names)
         await view.start()
         app = make_app(
             view,
@@ -118,6 +149,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             has_certificate=tls.has_certificate,
             runtime_image=args.runtime_image,
             metrics_auth=metrics_auth,
+            client_auth=client_auth,
         )
         await tls.wait_ready()
         runner = await serve(app, args.bind_address, args.port, tls.context)

@@ -18,13 +18,15 @@ from typing import Any
 import jsonpatch
 
 from kubeckpt_api import __version__
-from kubeckpt_api.jobkinds import job_identity
+from kubeckpt_api.jobkinds import JobIdentity, job_identity, ownership_problem
 from kubeckpt_api.optin import (
     INJECTED_LABEL,
     STATUS_ANNOTATION,
     opted_in,
 )
 from kubeckpt_api.policy import MIN_GRACE_SECONDS, Policy, apply_overrides, policy_from_object
+from kubeckpt_api.policy_limits import cap_overrides, local_size_limit
+from kubeckpt_api.status_bounds import in_range, step_seconds
 from trainer_runtime.contract import (
     CHECKPOINT_CONTROL_DIR,
     CHECKPOINT_ENABLED,
@@ -76,10 +78,12 @@ USER_PYTHONPATH = "KUBECKPT_USER_PYTHONPATH"  # the user's valueFrom PYTHONPATH,
 RUNTIME_UID = 65532  # the image's non-root user
 # The operator-set env that says how many nodes (pods) a job spans, for the local tier's size.
 NODE_COUNT_ENV = ("PET_NNODES", "JAX_NUM_PROCESSES", "KUBECKPT_NODES")
-DEFAULT_LOCAL_SIZE = "8Gi"
+# The `skipped` entry of a pod whose labels name a job that does not own it (not injected).
+OWNERSHIP_SKIPPED = "ownership"
 # Grace: one step plus one save, with 50 % and 10 s of headroom for the preStop round trip.
 GRACE_FACTOR = 1.5
 GRACE_HEADROOM_SECONDS = 10
+SAVE_SECONDS = ("checkpointing", "lastSaveSeconds")  # its path in status_bounds
 
 
 @dataclass
@@ -92,39 +96,36 @@ class MutationResult:
     injected: bool = False
 
 
-def grace_seconds(policy: Policy, progress: Mapping[str, Any] | None) -> int:
-    """Enough for one step and one save when the job measured them, else the policy's bound."""
-    status = (progress or {}).get("status") or {}
-    step = _float(status.get("stepSeconds"))
-    save = _float((status.get("checkpointing") or {}).get("lastSaveSeconds"))
+def grace_seconds(policy: Policy, progress: object) -> int:
+    """Enough for one step and one save when the job measured them, else the policy's bound.
+
+    The times come from a TrainingProgress, i.e. from what a training pod reported: each is used
+    only as the decimal string the CRD stores and within kubeckpt_api.status_bounds (a step of at
+    most an hour, a save of at most a day). Anything else, of any shape, is ignored and the
+    policy's bound applies, so no record can raise here (a huge lastSaveSeconds once did, and
+    every later pod of that job was admitted uninjected).
+    """
+    status = _field(progress, "status")
+    step = step_seconds(_text(_field(status, "stepSeconds")))
+    save = in_range(SAVE_SECONDS, _text(_field(_field(status, "checkpointing"), "lastSaveSeconds")))
     if save is None:
         return policy.max_grace_seconds
     need = math.ceil((save + (step or 0.0)) * GRACE_FACTOR + GRACE_HEADROOM_SECONDS)
     return max(MIN_GRACE_SECONDS, min(need, policy.max_grace_seconds))
 
 
-def local_size_limit(policy: Policy, nodes: int) -> str:
-    """DESIGN.md: sizeLimit, else 2 x (params x 12 B / nodes) x 1.15, else the default."""
-    if policy.local_size_limit:
-        return policy.local_size_limit
-    if policy.local_model_parameters:
-        per_node = policy.local_model_parameters * 12 / max(nodes, 1)
-        mib = math.ceil(2 * per_node * 1.15 / 2**20)
-        return f"{max(mib, 1)}Mi"
-    return DEFAULT_LOCAL_SIZE
+def _field(obj: object, key: str) -> object:
+    return obj.get(key) if isinstance(obj, Mapping) else None
+
+
+def _text(value: object) -> str | None:
+    """The CRD stores these times as decimal strings: anything else is not a stored value."""
+    return value if isinstance(value, str) else None
 
 
 def shutdown_margin(grace: int) -> int:
     """Seconds kept back from the grace period for the process to exit after the save."""
     return max(2, min(10, grace // 6))
-
-
-def _float(value: object) -> float | None:
-    try:
-        f = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) and f >= 0 else None
 
 
 def _esc(token: str) -> str:
@@ -152,17 +153,18 @@ def prestop_command(wait_seconds: int) -> list[str]:
 
 
 def storage_plan(
-    policy: Policy, namespace: str, job: str
+    policy: Policy, namespace: str, job: JobIdentity
 ) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]:
-    """(CHECKPOINT_URI, volume, mount, extra env) for the policy's storage URI."""
+    """(CHECKPOINT_URI, volume, mount, extra env) for the policy's storage URI. Each job gets its
+    kind's own directory below it (JobKind.storage_dir): jobs of two kinds never share one."""
     uri = policy.storage_uri
-    per_job = f"{namespace}/{job}"
+    per_job = job.job_kind.storage_dir(namespace, job.name)
     if uri.startswith("pvc://"):
         claim, _, path = uri[len("pvc://") :].partition("/")
         sub = "/".join(p for p in (path.strip("/"), per_job) if p)
         mount_path = f"{policy.mount_path.rstrip('/')}/{per_job}"
         volume = {"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
-        # subPath per namespace/job: a job sees only its own checkpoints.
+        # subPath per job: a job sees only its own checkpoints.
         mount = {"name": STORAGE_VOLUME, "mountPath": mount_path, "subPath": sub}
         return mount_path, volume, mount, []
     if uri.startswith("s3://"):
@@ -273,7 +275,7 @@ def mutate(
     pod: Mapping[str, Any],
     policy_obj: Mapping[str, Any] | None,
     namespace: Mapping[str, Any] | None,
-    progress: Mapping[str, Any] | None = None,
+    progress: object = None,
     *,
     namespace_name: str | None = None,
     copy_pod: bool = True,
@@ -295,14 +297,23 @@ def mutate(
         or ((namespace or {}).get("metadata") or {}).get("name", "")
     )
 
-    def unchanged(reason: str, warnings: list[str] | None = None) -> MutationResult:
-        return MutationResult(original, [], reason, warnings or [])
+    def unchanged(
+        reason: str, warnings: list[str] | None = None, skipped: list[str] | None = None
+    ) -> MutationResult:
+        return MutationResult(original, [], reason, warnings or [], skipped or [])
 
     job = job_identity(labels)
     if job is None:
         return unchanged("not a training pod")
     if not opted_in(labels, namespace):
         return unchanged("not opted in")
+    if (problem := ownership_problem(job, meta)) is not None:
+        # A bare pod labelled as a job's would get the job's storage and grace period.
+        return unchanged(
+            f"not a pod of {job.kind} {job.name}: {problem}",
+            [f"kubeckpt: not injected as a pod of {job.kind} {job.name}: {problem}"],
+            [OWNERSHIP_SKIPPED],
+        )
     if labels.get(INJECTED_LABEL) == "true" or STATUS_ANNOTATION in annotations:
         return unchanged("already injected")
     if policy_obj is None:
@@ -318,13 +329,16 @@ def mutate(
         return unchanged("pod has no containers")
     index = next((i for i, c in enumerate(containers) if c.get("name") == job.target_container), 0)
     container = containers[index]
+    # The policy is the ceiling: an override may lower a limit, never raise it.
+    policy, clamps = cap_overrides(base, policy, nodes=_nodes(container))
+    warnings += [c.warning for c in clamps]
     try:
-        uri, storage_volume, storage_mount, secret_env = storage_plan(policy, ns, job.name)
+        uri, storage_volume, storage_mount, secret_env = storage_plan(policy, ns, job)
     except ValueError as e:
         return unchanged("unusable storage", [f"kubeckpt: {e}"])
 
     ops: list[dict[str, Any]] = []
-    skipped: list[str] = []
+    skipped: list[str] = [c.skipped for c in clamps]
     cpath = f"/spec/containers/{index}"
 
     # --- zero-code mode: its edits of the user's env go first, while their indices hold --------

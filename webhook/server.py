@@ -1,8 +1,11 @@
 """The admission HTTP server: POST /mutate, /healthz, /readyz, /metrics (aiohttp, TLS 1.2+).
 
-Failure rules: a body that is not a usable AdmissionReview gets 400 with the reason, one over
-4 MiB gets 413, and anything that goes wrong inside the mutation allows the pod unchanged with a
-warning (the same outcome as the configuration's failurePolicy: Ignore). Nothing answers 500.
+Who may call /mutate: anyone who reaches the port, unless the server verifies client certificates
+(`client_auth`, the `--client-ca-file` flag): then only the API server. The README's threat model
+says what an answer reveals. Failure rules: a body that is not a usable AdmissionReview gets 400
+with the reason, one over 4 MiB gets 413, and anything that goes wrong inside the mutation allows
+the pod unchanged with a warning (the same outcome as the configuration's failurePolicy: Ignore).
+Nothing answers 500.
 """
 
 from __future__ import annotations
@@ -10,15 +13,16 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from kubeckpt_api.jobkinds import job_identity
+from kubeckpt_api.jobkinds import POD_CONTROLLERS, JobIdentity, controller_reference, job_identity
 from kubeckpt_api.optin import select_policy
+from reconciler.admission.client_auth import ClientCertAuth
 from reconciler.admission.review import BadReview, is_pod_create, parse_review, review_response
 from reconciler.metrics_auth import MetricsAuth
 
@@ -47,13 +51,24 @@ class Metrics:
         )
         self.skipped = Counter(
             "kubeckpt_webhook_skipped_fields",
-            "Fields not injected because the user had set them",
+            "What was not injected, and why: a field the user had set, an override above the "
+            "policy's limit, or a whole pod its job does not own (field=ownership)",
             ["field"],
             registry=r,
         )
         self.errors = Counter(
             "kubeckpt_webhook_errors", "Requests answered unchanged after an error", registry=r
         )
+
+
+def job_uid(job: JobIdentity, pod: Mapping[str, Any]) -> str | None:
+    """The job's UID where the pod names it: a pod its job controls itself (a PyTorchJob's)."""
+    if not POD_CONTROLLERS[job.kind].is_the_job:
+        return None
+    meta = pod.get("metadata")
+    ref = controller_reference(meta) if isinstance(meta, Mapping) else None
+    uid = ref.get("uid") if ref is not None else None
+    return uid if isinstance(uid, str) and uid else None
 
 
 def decide(
@@ -65,7 +80,7 @@ def decide(
     labels = (pod.get("metadata") or {}).get("labels") or {}
     policy, warnings = select_policy(view.policies(ns_name), labels)
     job = job_identity(labels)
-    progress = view.progress(ns_name, job.name) if job else None
+    progress = view.progress(ns_name, job, job_uid(job, pod)) if job else None
     # The request was parsed for this call alone and is not read again: hand the pod over to be
     # patched in place rather than copied.
     result = mutate(
@@ -89,7 +104,10 @@ def make_app(
     has_certificate: Callable[[], bool] = lambda: True,
     runtime_image: str = DEFAULT_RUNTIME_IMAGE,
     metrics_auth: MetricsAuth | None = None,
+    client_auth: ClientCertAuth | None = None,
 ) -> web.Application:
+    """The webhook's routes. With `client_auth`, /mutate answers only the API server (its client
+    certificate; 401 before anything is read or looked up) and /readyz waits for the client CA."""
     m = metrics or Metrics()
     app = web.Application(client_max_size=MAX_BODY_BYTES)
 
@@ -97,6 +115,9 @@ def make_app(
         start = time.perf_counter()
         result_label = "error"
         try:
+            if client_auth is not None and (why := client_auth.check(request)) is not None:
+                result_label = "unauthorized"  # before the body is read or anything looked up
+                return client_auth.refusal(request, why)
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
@@ -124,10 +145,10 @@ def make_app(
             if result.injected:
                 result_label = "injected"
                 m.patches.inc()
-                for f in result.skipped:
-                    m.skipped.labels(f.split("/", 1)[0]).inc()
             else:
                 result_label = "skipped"
+            for f in result.skipped:
+                m.skipped.labels(f.split("/", 1)[0]).inc()
             log.debug("%s: %s", uid, result.reason)
             return web.json_response(review_response(uid, result.patch, result.warnings))
         finally:
@@ -142,6 +163,8 @@ def make_app(
             return web.Response(status=503, text="caches not synced")
         if not has_certificate():
             return web.Response(status=503, text="no serving certificate")
+        if client_auth is not None and client_auth.tls.client_ca is None:
+            return web.Response(status=503, text="no client CA")
         return web.Response(text="ok")
 
     async def metrics_handler(_: web.Request) -> web.Response:

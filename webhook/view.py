@@ -1,10 +1,21 @@
 """What the webhook knows about the cluster: policies, namespaces and TrainingProgress, read from
-informer caches so that no admission request waits on an API call."""
+informer caches so that no admission request waits on an API call.
+
+A job's TrainingProgress (for its measured step and save times) is found by what it is about,
+`spec.jobRef` (the kind, its API group, the job's name), never by its object name alone: a
+PyTorchJob and a TrainJob may share a name in one namespace, and the second one's
+TrainingProgress is then `<name>-<kind>`. Where the pod names its job's UID (a PyTorchJob's pods
+are controlled by the job itself), only a TrainingProgress that job owns is taken.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
+
+from kubeckpt_api.jobkinds import JobIdentity, JobKind, job_kind
+
+JOB_REF_INDEX = "jobRef"
 
 
 class ClusterView(Protocol):
@@ -14,7 +25,50 @@ class ClusterView(Protocol):
 
     def policies(self, namespace: str) -> list[Mapping[str, Any]]: ...
 
-    def progress(self, namespace: str, name: str) -> Mapping[str, Any] | None: ...
+    def progress(
+        self, namespace: str, job: JobIdentity, job_uid: str | None = None
+    ) -> Mapping[str, Any] | None: ...
+
+
+def job_ref_key(namespace: str, kind: JobKind, name: str) -> str:
+    return f"{namespace}/{kind.group}/{kind.kind}/{name}"
+
+
+def job_ref_index(tp: Mapping[str, Any]) -> list[str]:
+    """The informer index of TrainingProgress by spec.jobRef: one key when the reference names a
+    kind we serve, by an apiVersion of its group; none otherwise (never raises)."""
+    spec, meta = tp.get("spec"), tp.get("metadata")
+    ref = spec.get("jobRef") if isinstance(spec, Mapping) else None
+    if not isinstance(ref, Mapping) or not isinstance(meta, Mapping):
+        return []
+    kind = job_kind(ref.get("kind")) if isinstance(ref.get("kind"), str) else None
+    name, api_version = ref.get("name"), ref.get("apiVersion")
+    if kind is None or not isinstance(name, str) or not name or not isinstance(api_version, str):
+        return []
+    if api_version.rpartition("/")[0] != kind.group:
+        return []
+    return [job_ref_key(str(meta.get("namespace", "")), kind, name)]
+
+
+def _controller_uid(tp: Mapping[str, Any]) -> str | None:
+    refs = (tp.get("metadata") or {}).get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else ():
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            uid = ref.get("uid")
+            return uid if isinstance(uid, str) else None
+    return None
+
+
+def choose_progress(
+    candidates: Iterable[Mapping[str, Any]], job_uid: str | None
+) -> Mapping[str, Any] | None:
+    """Among the TrainingProgress objects whose jobRef names the job: the one the job (`job_uid`)
+    owns when the UID is known (none: a TrainingProgress of an earlier job of that name, or of a
+    forger, sizes nothing), else the first by name."""
+    found = sorted(candidates, key=lambda tp: str((tp.get("metadata") or {}).get("name", "")))
+    if job_uid is not None:
+        found = [tp for tp in found if _controller_uid(tp) == job_uid]
+    return found[0] if found else None
 
 
 class StaticView:
@@ -28,7 +82,7 @@ class StaticView:
     ) -> None:
         self._ns = {n["metadata"]["name"]: n for n in namespaces}
         self._pol = list(policies)
-        self._tp = {(t["metadata"]["namespace"], t["metadata"]["name"]): t for t in progress}
+        self._tp = list(progress)
 
     def synced(self) -> bool:
         return True
@@ -39,5 +93,8 @@ class StaticView:
     def policies(self, namespace: str) -> list[Mapping[str, Any]]:
         return [p for p in self._pol if p["metadata"].get("namespace") == namespace]
 
-    def progress(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return self._tp.get((namespace, name))
+    def progress(
+        self, namespace: str, job: JobIdentity, job_uid: str | None = None
+    ) -> Mapping[str, Any] | None:
+        key = job_ref_key(namespace, job.job_kind, job.name)
+        return choose_progress((t for t in self._tp if key in job_ref_index(t)), job_uid)

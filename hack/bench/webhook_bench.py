@@ -313,7 +313,23 @@ def handler_view() -> StaticView:
             {
                 "apiVersion": API_VERSION,
                 "kind": TRAINING_PROGRESS.kind,
-                "metadata": {"name": JOB, "namespace": NS},
+                # the job's own (spec.jobRef, owned by it): what the webhook looks a job's up by
+                "metadata": {
+                    "name": JOB,
+                    "namespace": NS,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "kubeflow.org/v1",
+                            "kind": "PyTorchJob",
+                            "name": JOB,
+                            "uid": JOB_UID,
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {
+                    "jobRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": JOB}
+                },
                 "status": {"stepSeconds": "1.82", "checkpointing": {"lastSaveSeconds": "21.4"}},
             }
         ],
@@ -751,10 +767,45 @@ def part_handler(args: argparse.Namespace) -> None:
 # --- part 2: pod creates through the real API server ----------------------------------------
 
 
-def gated_pod(name: str, namespace: str) -> dict[str, Any]:
+def gated_pod(name: str, namespace: str, job_uid: str) -> dict[str, Any]:
+    """The operator's pod, owned by the (suspended) PyTorchJob `job_uid`: the webhook injects
+    only pods their job controls, and the garbage collector leaves pods of a live owner alone."""
     pod = operator_pod(name, namespace)
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "name": JOB,
+            "uid": job_uid,
+            "controller": True,
+        }
+    ]
     pod["spec"]["schedulingGates"] = [{"name": "kubeckpt.io/bench"}]
     return pod
+
+
+def suspended_job(cluster: Any, namespace: str) -> str:
+    """A PyTorchJob named JOB that its operator leaves without pods; its UID."""
+    cluster.apply(
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": JOB, "namespace": namespace},
+            "spec": {
+                "runPolicy": {"suspend": True},
+                "pytorchReplicaSpecs": {
+                    "Master": {
+                        "replicas": 1,
+                        "template": {"spec": {"containers": [{"name": "pytorch", "image": "x"}]}},
+                    }
+                },
+            },
+        }
+    )
+    out = cluster.kubectl(
+        "get", "pytorchjob", JOB, "-n", namespace, "-o", "jsonpath={.metadata.uid}"
+    )
+    return out.stdout.strip()
 
 
 def part_cluster(args: argparse.Namespace) -> None:
@@ -802,7 +853,8 @@ def part_cluster(args: argparse.Namespace) -> None:
                 f"the default ServiceAccount in {ns}",
                 timeout=30,
             )
-        results = asyncio.run(create_pods(cluster, hook, inject_ns, plain_ns, args.pods))
+        uids = {ns: suspended_job(cluster, ns) for ns in (inject_ns, plain_ns)}
+        results = asyncio.run(create_pods(cluster, hook, uids, inject_ns, plain_ns, args.pods))
     finally:
         for ns in (inject_ns, plain_ns):
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -837,7 +889,7 @@ WARMUP_PODS = 20
 
 
 async def create_pods(
-    cluster: Any, hook: Any, inject_ns: str, plain_ns: str, n: int
+    cluster: Any, hook: Any, uids: dict[str, str], inject_ns: str, plain_ns: str, n: int
 ) -> dict[str, Run]:
     server = cluster.server
     runs = {"webhook": Run(inject_ns), "plain": Run(plain_ns)}
@@ -848,7 +900,7 @@ async def create_pods(
     async with aiohttp.ClientSession(connector=connector) as s:
 
         async def create(ns: str, name: str) -> tuple[float, bool]:
-            body = json.dumps(gated_pod(name, ns)).encode()
+            body = json.dumps(gated_pod(name, ns, uids[ns])).encode()
             t = time.perf_counter()
             async with s.post(
                 f"{server}/api/v1/namespaces/{ns}/pods", data=body, headers=JSON

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from . import pki
+from . import admission_auth, pki
 from .binaries import Binaries, ensure_binaries
 from .images import IMAGES
 from .kubeconfig import write_kubeconfig
@@ -157,7 +157,16 @@ class LocalCluster:
         self.workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         (self.workdir / "owner.pid").write_text(str(os.getpid()))
         (self.workdir / "logs").mkdir()
-        for name in ("etcd", "etcd_peer", "apiserver", "kwok", "operator_webhook"):
+        # kubeckpt_webhook: the local webhook process's (local_webhook.py), fixed before the API
+        # server starts, which reads the host it presents its client certificate to only then.
+        for name in (
+            "etcd",
+            "etcd_peer",
+            "apiserver",
+            "kwok",
+            "operator_webhook",
+            "kubeckpt_webhook",
+        ):
             self.ports[name] = free_port()
         try:
             self._pki()
@@ -319,6 +328,13 @@ class LocalCluster:
         )
         return d
 
+    @property
+    def webhook_client_ca(self) -> Path:
+        """The CA that signed the API server's client certificate for kubeckpt's webhook (the
+        local webhook's --client-ca-file)."""
+        assert self.workdir is not None
+        return self.workdir / "pki" / f"{admission_auth.CA_NAME}.crt"
+
     def admin_ssl_context(self) -> ssl.SSLContext:
         assert self.workdir is not None
         pkidir = self.workdir / "pki"
@@ -355,6 +371,15 @@ class LocalCluster:
         pki.issue(ca, "kubeckpt-admin", orgs=("system:masters",), client=True).write(d, "admin")
         pki.issue(ca, "kube-apiserver-kubelet-client", orgs=("system:masters",), client=True).write(
             d, "kubelet-client"
+        )
+        # The API server's client certificate for kubeckpt's webhook (admission_auth.py).
+        admission_auth.write_pki(d)
+        admission_auth.write_admission_config(
+            d,
+            (
+                admission_auth.ADDON_SERVICE_HOST,
+                f"127.0.0.1:{self.ports['kubeckpt_webhook']}",
+            ),
         )
         sa_key, sa_pub = pki.service_account_keys()
         (d / "sa.key").write_bytes(sa_key)
@@ -461,6 +486,7 @@ class LocalCluster:
             f"--tls-cert-file={d / 'apiserver.crt'}",
             f"--tls-private-key-file={d / 'apiserver.key'}",
             f"--client-ca-file={d / 'ca.crt'}",
+            f"--admission-control-config-file={d / 'admission.yaml'}",
             f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}",
             *issuers,

@@ -38,6 +38,7 @@ class WebhookProcess:
         kubeconfig: Path | None = None,
         mwc_name: str = MWC_NAME,
         secret: str | None = None,
+        client_ca: Path | None = None,
         extra_args: tuple[str, ...] = (),
     ) -> None:
         self.cluster = cluster
@@ -46,6 +47,10 @@ class WebhookProcess:
         self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.mwc_name = mwc_name
         self.secret = secret  # None: the webhook's default Secret name
+        # The CA of the API server's client certificate (cluster.webhook_client_ca): /mutate then
+        # answers the API server only. The API server presents it to 127.0.0.1 only on the port
+        # it was started for (cluster.ports["kubeckpt_webhook"]).
+        self.client_ca = client_ca
         self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -66,6 +71,7 @@ class WebhookProcess:
                 f"--webhook-config={self.mwc_name}",
                 "--extra-ip=127.0.0.1",
                 *([f"--secret={self.secret}"] if self.secret else []),
+                *([f"--client-ca-file={self.client_ca}"] if self.client_ca else []),
                 *self.extra_args,
             ],
             stdout=self.log.open("ab"),

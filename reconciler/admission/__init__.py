@@ -5,6 +5,7 @@ review         AdmissionReview v1 parsing (typed BadReview) and the allowing JSO
 serving_tls    ServingTLS: the server's hot-reloaded ssl.SSLContext and readiness
 cert_manager   CertManager: self-managed CA + serving certificate in a Secret, caBundle, renewal
 mounted_files  FileCertSource: cert-manager's mounted tls.crt/tls.key, reloaded on change
+client_auth    ClientCertAuth, ClientCAFile: the API server authenticated by its client certificate
 secret_store   SecretStore: the API operations the manager needs, as a protocol
 api_store      ClientSecretStore: that protocol on the library's client
 
@@ -25,6 +26,7 @@ from .cert_manager import (
     decode_secret_data,
     plan_secret,
 )
+from .client_auth import ClientCAFile, ClientCertAuth
 from .mounted_files import FileCertSource
 from .review import BadReview, is_pod_create, parse_review, review_response
 from .secret_store import Conflict, SecretStore, StoreError
@@ -39,6 +41,8 @@ __all__ = [
     "BadReview",
     "CertConfig",
     "CertManager",
+    "ClientCAFile",
+    "ClientCertAuth",
     "ClientSecretStore",
     "Conflict",
     "FileCertSource",

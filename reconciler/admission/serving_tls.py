@@ -11,6 +11,14 @@ callback runs for every ClientHello, with or without SNI: the API server sends n
 type safe: OpenSSL keeps one certificate slot per key type, so loading an ECDSA certificate into a
 context that held an RSA one would leave the RSA one servable. Handshakes already in progress and
 established connections keep the certificate they started with; nothing is dropped.
+
+Client certificates (`load_client_ca`): once a CA bundle is loaded, every handshake asks the
+client for a certificate (CERT_OPTIONAL) and refuses one the bundle did not sign; a client that
+sends none still connects (probes and metrics scrapers have none), and the handler decides
+(`client_auth.ClientCertAuth`). The bundle lives in each inner context, rebuilt when it changes:
+OpenSSL verifies a client against the store of the context the SNI callback selected, so a
+replaced bundle is in force from the next handshake on (the outer context's store only ever
+grows, and is used by no handshake once a certificate is loaded).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import ssl
 from collections.abc import Callable
 
 from ..pem_files import pem_paths
-from ..pki import CertificateError, CertInfo, check_pair, load_certs
+from ..pki import CertificateError, CertInfo, check_pair, is_ca, load_certs
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +39,18 @@ MIN_TLS = ssl.TLSVersion.TLSv1_2
 Listener = Callable[[CertInfo], object]
 
 
-def _server_context() -> ssl.SSLContext:
+def _server_context(client_ca: bytes | None = None) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = MIN_TLS
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    if client_ca:
+        _verify_clients(ctx, client_ca)
     return ctx
+
+
+def _verify_clients(ctx: ssl.SSLContext, client_ca: bytes) -> None:
+    ctx.verify_mode = ssl.CERT_OPTIONAL
+    ctx.load_verify_locations(cadata=client_ca.decode("ascii"))
 
 
 class ServingTLS:
@@ -55,6 +70,8 @@ class ServingTLS:
         self._digest: bytes | None = None
         self._info: CertInfo | None = None
         self._ca_bundle: bytes | None = None
+        self._pair: tuple[bytes, bytes] | None = None
+        self._client_ca: bytes | None = None
         self._generation = 0
         self._listeners: list[Listener] = [on_change] if on_change else []
         self._changed = asyncio.Event()
@@ -82,6 +99,11 @@ class ServingTLS:
     @property
     def generation(self) -> int:
         return self._generation
+
+    @property
+    def client_ca(self) -> bytes | None:
+        """The CA bundle client certificates are verified against (None: clients not asked)."""
+        return self._client_ca
 
     def add_listener(self, callback: Listener) -> None:
         """`callback(info)` runs after each certificate change (exceptions are logged)."""
@@ -114,7 +136,7 @@ class ServingTLS:
         leaf = check_pair(cert_pem, key_pem)
         if ca_pem:
             load_certs(ca_pem)  # reject a malformed bundle before anything changes
-        inner = _server_context()
+        inner = _server_context(self._client_ca)
         try:
             with pem_paths(cert_pem, key_pem) as (cert_path, key_path):
                 inner.load_cert_chain(cert_path, key_path)
@@ -122,6 +144,7 @@ class ServingTLS:
         except ssl.SSLError as e:
             raise CertificateError(f"OpenSSL rejected the certificate chain: {e}") from e
         self._current = inner
+        self._pair = (cert_pem, key_pem)
         self._digest = digest
         self._ca_bundle = ca_pem or None
         self._info = CertInfo.of(leaf)
@@ -140,6 +163,40 @@ class ServingTLS:
                 cb(self._info)
             except Exception:
                 log.exception("certificate change listener failed")
+        return True
+
+    def load_client_ca(self, ca_pem: bytes) -> bool:
+        """Verify client certificates against `ca_pem` (one or more PEM CA certificates) from the
+        next handshake on. Returns False when it is the bundle already in force.
+
+        Raises CertificateError (and keeps the previous bundle, if any) when `ca_pem` holds no
+        certificate, or one that is not a CA. There is no way back to not asking: a server that
+        verified its clients keeps doing so (a missing or broken file must not open it up).
+        """
+        if ca_pem == self._client_ca:
+            return False
+        certs = load_certs(ca_pem)  # CertificateError when one is malformed
+        if not certs:
+            raise CertificateError("no certificate in the client CA bundle")
+        not_ca = [c for c in certs if not is_ca(c)]
+        if not_ca:
+            raise CertificateError(f"not a CA certificate: {not_ca[0].subject.rfc4514_string()}")
+        inner: ssl.SSLContext | None = None
+        try:
+            if self._pair is not None:
+                inner = _server_context(ca_pem)
+                with pem_paths(*self._pair) as (cert_path, key_path):
+                    inner.load_cert_chain(cert_path, key_path)
+            _verify_clients(self._context, ca_pem)
+        except (ssl.SSLError, UnicodeDecodeError) as e:
+            raise CertificateError(f"OpenSSL rejected the client CA bundle: {e}") from e
+        if inner is not None:
+            self._current = inner
+        self._client_ca = ca_pem
+        log.info(
+            "client certificates verified against %s",
+            ", ".join(c.subject.rfc4514_string() for c in certs),
+        )
         return True
 
     def _select_context(

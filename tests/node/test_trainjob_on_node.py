@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from kubeckpt_api.jobkinds import TRAINJOB
 from localcluster import LocalCluster, wait_for
 from localcluster import addon as kubeckpt_addon
 from localcluster.kubeflow_trainer import RUNTIME
@@ -58,7 +59,7 @@ def prepare(cluster: LocalCluster, ns: str, volume: Path, jobs: list[str], save_
     and its claim, the scripts as a ConfigMap, an HF-token-style Secret."""
     cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
     for job in jobs:
-        d = volume / "runs" / ns / job
+        d = job_dir(volume, ns, job)
         d.mkdir(parents=True)
     for p in [volume, *volume.rglob("*")]:
         p.chmod(0o777)  # the training image runs as uid 1000
@@ -241,9 +242,14 @@ def events(cluster: LocalCluster, ns: str, job: str) -> list[str]:
     return [e["reason"] for e in out["items"] for _ in range(e.get("count") or 1)]
 
 
+def job_dir(volume: Path, ns: str, job: str) -> Path:
+    """The TrainJob's directory on the claim (pvc://checkpoints/runs): its kind's own."""
+    return volume / "runs" / TRAINJOB.storage_dir(ns, job)
+
+
 def checkpoints(volume: Path, ns: str, job: str) -> dict[int, bool]:
     """Step -> complete, as the volume on the host shows it."""
-    root = volume / "runs" / ns / job
+    root = job_dir(volume, ns, job)
     out = {}
     for d in root.glob("checkpoint-*"):
         if d.name.removeprefix("checkpoint-").isdigit():
@@ -305,7 +311,7 @@ def test_trainjob_injected_preempted_by_suspend_resumed_exactly(
         assert json.loads(ann["kubeckpt.io/status"])["container"] == "node"
         node = next(c for c in p["spec"]["containers"] if c["name"] == "node")
         env_ = {e["name"]: e.get("value") for e in node["env"]}
-        assert env_["CHECKPOINT_URI"] == f"/mnt/kubeckpt/{ns}/{job}", env_
+        assert env_["CHECKPOINT_URI"] == f"/mnt/kubeckpt/{TRAINJOB.storage_dir(ns, job)}", env_
         assert env_["KUBECKPT_JOB_KIND"] == "TrainJob" and env_["KUBECKPT_JOB_NAME"] == job
         assert node["lifecycle"]["preStop"]["exec"]["command"]
         assert p["spec"]["terminationGracePeriodSeconds"] >= 30
@@ -346,7 +352,7 @@ def test_trainjob_injected_preempted_by_suspend_resumed_exactly(
     assert saved % 50 != 0, (
         f"the newest checkpoint {saved} is a periodic one: no JIT save ({ckpts})"
     )
-    manifest = volume / "runs" / ns / job / f"checkpoint-{saved}" / "manifest.json"
+    manifest = job_dir(volume, ns, job) / f"checkpoint-{saved}" / "manifest.json"
     files = {f["path"] for f in json.loads(manifest.read_text())["files"]}
     assert {"__0_0.distcp", "__1_0.distcp"} <= files, files  # both ranks, one step
     t_committed = manifest.stat().st_mtime

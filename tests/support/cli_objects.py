@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.operator_pods import pytorchjob_owner
 from webhook.mutation import mutate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,8 +113,13 @@ def injected_pod(
     policy = copy.deepcopy(POLICY)
     policy["metadata"]["namespace"] = namespace
     policy["spec"]["storage"]["uri"] = storage
+    # The webhook injects only a pod its job controls: mutated with the operator's controller
+    # reference, returned without it, since these tests create the pod without its PyTorchJob
+    # (the garbage collector deletes a pod whose owner does not exist).
+    pod["metadata"]["ownerReferences"] = [pytorchjob_owner(job)]
     result = mutate(pod, policy, ns)
     assert result.injected, result.reason
+    del result.pod["metadata"]["ownerReferences"]
     return result.pod
 
 

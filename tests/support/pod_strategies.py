@@ -6,6 +6,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from tests.support.operator_pods import batch_job_owner, pytorchjob_owner
+
 OUR_ENV = ["CHECKPOINT_URI", "CHECKPOINT_INTERVAL", "TRAINING_PROGRESS_FILE", "CHECKPOINT_JIT"]
 OUR_VOLUMES = ["kubeckpt-run", "kubeckpt-storage", "kubeckpt-local"]
 OUR_PATHS = ["/var/run/kubeckpt", "/mnt/kubeckpt/ns-x/job-x", "/var/run/kubeckpt/local"]
@@ -61,6 +63,10 @@ def training_pods(draw: Any, namespace: str = "ns-x") -> dict[str, Any]:
         "name": "p-" + draw(st.text("abcdef0123", min_size=4, max_size=8)),
         "namespace": namespace,
         "labels": labels,
+        # the controller its operator sets: a pod without one is not the job's (not injected)
+        "ownerReferences": [
+            pytorchjob_owner("job-x") if kind == "pytorch" else batch_job_owner("job-x")
+        ],
     }
     if draw(st.booleans()):
         meta["annotations"] = draw(

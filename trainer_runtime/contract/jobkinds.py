@@ -6,8 +6,9 @@ it is suspended, and whether its status has a field we may write. The table is h
 contract, because the runtime validates KUBECKPT_JOB_KIND against it and the runtime image holds
 trainer_runtime alone; the webhook, the progress controller and the CLI read it through
 kubeckpt_api.jobkinds, which adds what they derive from it (which job a pod belongs to, the
-webhook's CEL match condition). Adding a kind means one entry here plus its RBAC in config/rbac
-(tests/unit/test_jobkinds.py checks the role against this table).
+webhook's CEL match condition). Each kind declares its checkpoint directory (`storage_dir`).
+Adding a kind means one entry here plus its RBAC in config/rbac (tests/unit/test_jobkinds.py
+checks the role against this table).
 """
 
 from __future__ import annotations
@@ -53,10 +54,22 @@ class JobKind:
     # Labels that, when present, must have these values: another operator's pods with the same
     # name label (a TFJob's), or a job's pods that do not train (a TrainJob's initializers).
     must_match: tuple[tuple[str, str], ...] = ()
+    # Whether the job's checkpoints sit directly under <namespace>/ (see storage_dir). Only the
+    # first kind served (PyTorchJob) does, so that its existing checkpoints still resume.
+    storage_at_namespace_root: bool = False
 
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}"
+
+    def storage_dir(self, namespace: str, name: str) -> str:
+        """The job's own directory below the policy's storage root (CHECKPOINT_URI, the PVC's
+        subPath): `<namespace>/<name>` for a PyTorchJob, `<namespace>/_<kind lowercase>/<name>`
+        for every other kind. A job name is a DNS label and never starts with "_", so no job's
+        directory is inside or equal to another's, whatever the kinds and names."""
+        if self.storage_at_namespace_root:
+            return f"{namespace}/{name}"
+        return f"{namespace}/_{self.kind.lower()}/{name}"
 
     def job_name(self, labels: Mapping[str, str]) -> str | None:
         """The job's name if a pod with these labels belongs to a job of this kind."""
@@ -88,6 +101,7 @@ PYTORCHJOB = JobKind(
     target_container="pytorch",
     suspend_field=("spec", "runPolicy", "suspend"),
     must_match=((PYTORCHJOB_OPERATOR_LABEL, "pytorchjob-controller"),),
+    storage_at_namespace_root=True,
 )
 
 TRAINJOB = JobKind(

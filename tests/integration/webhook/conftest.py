@@ -1,5 +1,6 @@
 """A `kubeckpt-webhook` process registered with the real API server by URL on 127.0.0.1
-(localcluster.local_webhook), for the whole session."""
+(localcluster.local_webhook), for the whole session; it answers /mutate only to the API server
+(its client certificate, localcluster.admission_auth)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from localcluster import LocalCluster, free_port, wait_for
+from localcluster import LocalCluster, wait_for
 from localcluster.local_webhook import (
     MWC_NAME,
     WEBHOOK_NS,
@@ -27,11 +28,16 @@ __all__ = ["MWC_NAME", "WEBHOOK_NS", "WebhookProcess", "local_webhook_configurat
 def webhook(
     cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WebhookProcess]:
-    port = free_port()
+    # The port the API server presents its client certificate to: /mutate answers it alone.
+    port = cluster.ports["kubeckpt_webhook"]
     cluster.kubectl("create", "namespace", WEBHOOK_NS, check=False)
     cluster.apply(local_webhook_configuration(port))
     proc = WebhookProcess(
-        cluster, port, tmp_path_factory.mktemp("webhook") / "webhook.log", secret=SESSION_SECRET
+        cluster,
+        port,
+        tmp_path_factory.mktemp("webhook") / "webhook.log",
+        secret=SESSION_SECRET,
+        client_ca=cluster.webhook_client_ca,
     )
     try:
         proc.start()

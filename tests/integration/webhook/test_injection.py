@@ -19,6 +19,7 @@ from tests.integration.webhook.conftest import (
     dry_run_pod,
     wait_policy_seen,
 )
+from tests.support.operator_pods import batch_job_owner, pytorchjob_owner
 from tests.support.pod_strategies import policies, progress, training_pods
 from webhook.mutation import mutate
 
@@ -69,6 +70,8 @@ def probe_pod(namespace: str, **labels: str) -> dict:
             "name": "probe",
             "namespace": namespace,
             "labels": {"training.kubeflow.org/job-name": "probe", **labels},
+            # as the operator creates it (a dry run: the owner need not exist)
+            "ownerReferences": [pytorchjob_owner("probe")],
         },
         "spec": {"containers": [{"name": "pytorch", "image": "x"}]},
     }
@@ -98,6 +101,7 @@ def trainjob_node_pod(namespace: str, name: str, container: dict) -> dict:
                 "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
             },
             "annotations": {**jobset, **index},
+            "ownerReferences": [batch_job_owner("tj")],  # JobSet's Job tj-node-0
         },
         "spec": {"hostname": "tj-node-0-0", "subdomain": "tj", "containers": [container]},
     }
@@ -235,7 +239,8 @@ def test_jax_trainjob_pod_is_injected_as_the_torch_one(
     assert got["injected"] == "true" and got["status"]["container"] == "node"
     e = {x["name"]: x for x in got["env"]}
     assert e["KUBECKPT_JOB_KIND"]["value"] == "TrainJob" and e["KUBECKPT_JOB_NAME"]["value"] == "tj"
-    assert e["CHECKPOINT_URI"]["value"] == f"/mnt/kubeckpt/{opted_in}/tj"
+    # A TrainJob's own directory: a PyTorchJob named tj keeps /mnt/kubeckpt/<ns>/tj.
+    assert e["CHECKPOINT_URI"]["value"] == f"/mnt/kubeckpt/{opted_in}/_trainjob/tj"
     assert got["terminationGracePeriodSeconds"] == 240
     c = jax["spec"]["containers"][0]
     assert (c["command"], c["ports"]) == (JAX_NODE["command"], JAX_NODE["ports"])
@@ -286,6 +291,22 @@ def test_invalid_override_warns_and_still_admits(cluster: LocalCluster, opted_in
     got = json.loads(proc.stdout)
     assert got["metadata"]["labels"]["kubeckpt.io/injected"] == "true"
     assert "kubeckpt.io/max-checkpoints" in proc.stderr  # the admission warning reaches kubectl
+
+
+def test_a_label_forged_master_is_not_injected(cluster: LocalCluster, opted_in: str) -> None:
+    """A bare pod that carries a PyTorchJob master's labels, but that no PyTorchJob controls, is
+    admitted as it came, and kubectl prints why."""
+    forged = probe_pod(opted_in, **{"training.kubeflow.org/job-role": "master"})
+    del forged["metadata"]["ownerReferences"]
+    proc = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(forged)
+    )
+    got = json.loads(proc.stdout)
+    assert "kubeckpt.io/injected" not in got["metadata"]["labels"]
+    assert "env" not in got["spec"]["containers"][0] and "kubeckpt.io/status" not in (
+        got["metadata"].get("annotations") or {}
+    )
+    assert "not injected as a pod of PyTorchJob probe" in proc.stderr
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
@@ -386,6 +407,8 @@ def test_only_training_pods_reach_the_webhook(
         "jobset.sigs.k8s.io/jobset-name": "tj",
         "jobset.sigs.k8s.io/replicatedjob-name": "node",
     }
+    jobset["metadata"]["ownerReferences"] = [batch_job_owner("tj")]
     jobset["spec"]["containers"][0]["name"] = "node"
-    dry_run_pod(cluster, jobset)
+    got = dry_run_pod(cluster, jobset)
+    assert got["metadata"]["labels"]["kubeckpt.io/injected"] == "true"
     assert _requests_answered(cluster, webhook) == before + 2

@@ -12,6 +12,7 @@ import yaml
 
 from localcluster import LocalCluster
 from tests.integration.webhook.conftest import WebhookProcess, dry_run_pod, wait_policy_seen
+from tests.support.operator_pods import pytorchjob_owner
 from tests.unit.webhook.test_mutation import pod, policy
 from webhook.mutation import (
     DEFAULT_RUNTIME_IMAGE,
@@ -74,6 +75,7 @@ def _probe(namespace: str, annotations: dict[str, str]) -> dict:
             "namespace": namespace,
             "labels": {"training.kubeflow.org/job-name": "zc"},
             "annotations": annotations,
+            "ownerReferences": [pytorchjob_owner("zc")],
         },
         "spec": {"containers": [{"name": "pytorch", "image": "trainer:1"}]},
     }

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from harness import assert_same_files, finish, tail, torchrun, wait_for_step
 
+from tests.support.operator_pods import pytorchjob_owner
 from trainer_runtime import layout
 from trainer_runtime.zerocode import HOOK_DIR, pythonpath_entries
 from trainer_runtime.zerocode.install import install
@@ -35,7 +36,11 @@ OUR_PREFIXES = ("CHECKPOINT_", "KUBECKPT_", "TRAINING_PROGRESS", "PROGRESS_UPDAT
 def _webhook_container() -> tuple[dict, dict]:
     """The init container and the training container's PYTHONPATH entry the webhook produces."""
     pod = {
-        "metadata": {"namespace": "ns", "labels": {"training.kubeflow.org/job-name": "j"}},
+        "metadata": {
+            "namespace": "ns",
+            "labels": {"training.kubeflow.org/job-name": "j"},
+            "ownerReferences": [pytorchjob_owner("j")],  # the webhook injects the job's pods
+        },
         "spec": {"containers": [{"name": "pytorch", "image": "trainer:1"}]},
     }
     policy = {

@@ -10,6 +10,7 @@ import pytest
 
 from kubeckpt_api.optin import select_policy
 from kubeckpt_api.policy import Policy, apply_overrides
+from tests.support.operator_pods import batch_job_owner, pytorchjob_owner
 from webhook.mutation import (
     INJECTED_LABEL,
     STATUS_ANNOTATION,
@@ -50,6 +51,8 @@ def pod(**over: object) -> dict:
                 "training.kubeflow.org/operator-name": "pytorchjob-controller",
                 "training.kubeflow.org/replica-type": "master",
             },
+            # as the training-operator creates it: the job is the pod's controller
+            "ownerReferences": [pytorchjob_owner("job-x")],
         },
         "spec": {
             "terminationGracePeriodSeconds": 30,
@@ -209,7 +212,11 @@ def test_non_training_and_policyless_pods_pass_unchanged() -> None:
 
 def test_trainjob_pods_target_the_node_container() -> None:
     p = {
-        "metadata": {"labels": {"jobset.sigs.k8s.io/jobset-name": "tj"}, "namespace": "team-a"},
+        "metadata": {
+            "labels": {"jobset.sigs.k8s.io/jobset-name": "tj"},
+            "namespace": "team-a",
+            "ownerReferences": [batch_job_owner("tj")],
+        },
         "spec": {"containers": [{"name": "init-ish"}, {"name": "node"}]},
     }
     r = mutate(p, policy(), NS)
@@ -233,7 +240,9 @@ def test_annotation_overrides_validated_invalid_ignored_with_warning() -> None:
         "kubeckpt.io/strategy": "hourly",
         "kubeckpt.io/bogus": "1",
     }
-    r = mutate(p, policy(), NS)
+    # max-checkpoints is a limit: 5 applies under a policy that allows 10 (tests of the ceiling:
+    # test_policy_ceiling.py)
+    r = mutate(p, policy(maxCheckpoints=10), NS)
     env = env_of(r.pod)
     assert env["CHECKPOINT_INTERVAL"]["value"] == "600"
     assert env["CHECKPOINT_MAX_CHECKPOINTS"]["value"] == "5"
