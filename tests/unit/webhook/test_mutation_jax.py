@@ -237,7 +237,7 @@ def test_jax_pods_own_fields_are_untouched() -> None:
 
 def test_jax_pod_gets_the_stop_budget_the_runtime_core_reads() -> None:
     """TORCH_ELASTIC_SHUTDOWN_TIMEOUT is torch-named, but the framework-neutral runtime reads it
-    as its stop budget (protocol/checkpointer.py `_stop_budget`, handover, kubeckpt-prestop):
+    as its stop budget (trainer_runtime/stop/jit.py `_stop_budget`, handover, kubeckpt-prestop):
     a JAX pod must get it too, equal to what the preStop hook waits."""
     r = mutate(jobset_pod(jax_container()), policy(), NS)
     env = {e["name"]: e for e in target(r.pod)["env"]}
