@@ -79,10 +79,16 @@ def _float(value: object) -> float | None:
 
 
 def checkpoint_name(location: str | None) -> str | None:
-    """`checkpoint-150` from `/mnt/kubeckpt/ns/job/checkpoint-150` (or an s3:// URI)."""
+    """`checkpoint-150` from `/mnt/kubeckpt/ns/job/checkpoint-150` (or an s3:// URI), and
+    `generation-2/checkpoint-150` for a later generation's: the two runs' checkpoints of one
+    step are different checkpoints."""
     if not location:
         return None
-    return location.rstrip("/").rsplit("/", 1)[-1] or None
+    parts = location.rstrip("/").rsplit("/", 2)
+    name = parts[-1]
+    if len(parts) == 3 and parts[-2].startswith("generation-") and parts[-2][11:].isdigit():
+        return f"{parts[-2]}/{name}"
+    return name or None
 
 
 @dataclass

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from kubeckpt_cli import checkpoints as ck
+from kubeckpt_cli.view import checkpoint_name
 from tests.support.cli_objects import tp, training_status
 from trainer_runtime import listing
 from trainer_runtime.contract import MANIFEST_GENERATION, MANIFEST_SEQUENCE, build_manifest
@@ -56,3 +57,17 @@ def test_generations_in_the_checkpoint_table(tmp_path: Path) -> None:
     assert rows[2][4] == "jit,resumed-from"
     assert [c.get("resumedFrom", False) for c in doc["checkpoints"]].count(True) == 1
     assert [c["generation"] for c in doc["checkpoints"]] == [1, 1, 1, 0, 0, 0]
+
+
+def test_status_names_a_later_generations_checkpoint_with_its_generation() -> None:
+    """`kubeckpt status` shows where the checkpoint lives: step 150 of generation 2 is not the
+    earlier run's step 150, and a path that only looks like a generation is not one."""
+    root = "/mnt/kubeckpt/team-a/llm"
+    assert checkpoint_name(f"{root}/checkpoint-150") == "checkpoint-150"
+    assert checkpoint_name(f"{root}/generation-2/checkpoint-150/") == "generation-2/checkpoint-150"
+    assert checkpoint_name("s3://b/team-a/llm/generation-12/checkpoint-9") == (
+        "generation-12/checkpoint-9"
+    )
+    assert checkpoint_name(f"{root}/generation-x/checkpoint-150") == "checkpoint-150"
+    assert checkpoint_name("checkpoint-7") == "checkpoint-7"
+    assert checkpoint_name("") is None
