@@ -18,6 +18,8 @@ from reconciler.metrics_auth import MetricsAuth, server_tls
 
 from .controller import ProgressController
 from .policy_status import PolicyStatusController
+from .preemption_cost import CostSettings, CostSettingsError
+from .preemption_cost_controller import PreemptionCostController
 from .schedule import ExecLimiter, PollSettings
 
 log = logging.getLogger("kubeckpt.reconciler")
@@ -93,10 +95,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=30.0,
         help="seconds between checks for the TrainJob API (it may be installed later)",
     )
+    ap.add_argument(
+        "--preemption-cost",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="keep Kueue's kueue.x-k8s.io/priority-boost annotation on each kubeckpt job's "
+        "Workload current with what preempting it would lose (Kueue >= 0.17 with the "
+        "PriorityBoost feature gate; needs the rights of "
+        "config/components/kueue-preemption-cost). Off by default: it changes what Kueue preempts",
+    )
+    ap.add_argument(
+        "--preemption-cost-max-boost",
+        type=int,
+        default=CostSettings().max_boost,
+        help="the boost of a job whose preemption would lose a day or more; keep it below the "
+        "gap between the priority classes whose order must hold",
+    )
     ap.add_argument("--qps", type=float, default=20.0, help="API client QPS")
     ap.add_argument("--burst", type=int, default=30, help="API client burst")
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    try:
+        args.cost_settings = CostSettings(max_boost=args.preemption_cost_max_boost)
+    except CostSettingsError as e:
+        ap.error(f"--preemption-cost-max-boost: {e}")
+    return args
 
 
 def settings_from(args: argparse.Namespace) -> PollSettings:
@@ -152,8 +175,14 @@ async def run(args: argparse.Namespace) -> None:
         trim=args.cache_trim,
     )
     PolicyStatusController(manager, progress.policies, progress.namespaces)
+    if args.preemption_cost:
+        PreemptionCostController(manager, progress, settings=args.cost_settings)
     install_signal_handlers(manager)
-    log.info("starting (leader election: %s)", "on" if election else "off")
+    log.info(
+        "starting (leader election: %s, preemption cost: %s)",
+        "on" if election else "off",
+        "on" if args.preemption_cost else "off",
+    )
     try:
         await manager.run()
     finally:

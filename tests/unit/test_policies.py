@@ -20,7 +20,14 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from progress_controller.preemption_cost import (
+    INT32_MAX,
+    PRIORITY_BOOST_ANNOTATION,
+    CostSettings,
+    boost_for_cost,
+)
 from progress_controller.reading import PYTHON_READER, READ_CAP
+from progress_controller.workload_boost import WORKLOAD_GROUP, WORKLOAD_PLURAL
 from trainer_runtime.contract.env import POD_PROGRESS_FILE
 from trainer_runtime.contract.jobkinds import JOB_KINDS
 from trainer_runtime.contract.preemption import (
@@ -39,6 +46,7 @@ RECONCILER_POLICIES = (
     "kubeckpt-reconciler-exec",
     "kubeckpt-reconciler-pods",
     "kubeckpt-reconciler-trainjobs",
+    "kubeckpt-reconciler-workloads",
     "kubeckpt-reconciler-events",
 )
 WEBHOOK_POLICIES = ("kubeckpt-webhook-configuration", "kubeckpt-webhook-secrets")
@@ -285,3 +293,80 @@ def test_the_webhook_policy_spares_only_the_ca_bundle(default: list[dict[str, An
     assert variables(policy)["serverSet"] == cel_list(
         ["managedFields", "resourceVersion", "generation"]
     )
+
+
+def _boost_pattern(default: list[dict[str, Any]]) -> re.Pattern[str]:
+    policy = by_kind(default, VAP)["kubeckpt-reconciler-workloads"]
+    text = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    (pattern,) = re.findall(
+        r"variables\.annotations\['"
+        + re.escape(PRIORITY_BOOST_ANNOTATION)
+        + r"'\]\.matches\('([^']+)'\)",
+        text,
+    )
+    return re.compile(pattern)
+
+
+def test_the_workload_policy_names_the_boost_annotation_and_the_job_kinds(
+    default: list[dict[str, Any]],
+) -> None:
+    policy = by_kind(default, VAP)["kubeckpt-reconciler-workloads"]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [WORKLOAD_GROUP]
+    assert rule["resources"] == [WORKLOAD_PLURAL, f"{WORKLOAD_PLURAL}/*"]
+    names = variables(policy)
+    assert names["ours"] == cel_list([PRIORITY_BOOST_ANNOTATION])
+    assert names["jobKinds"] == cel_list([[k.group, k.kind] for k in JOB_KINDS])
+    assert names["serverSet"] == cel_list(["managedFields", "resourceVersion", "generation"])
+
+
+@given(st.integers(1, INT32_MAX), st.floats(0, 10 * 86400))
+def test_the_boost_values_the_controller_writes_pass(
+    default: list[dict[str, Any]], max_boost: int, cost: float
+) -> None:
+    value = str(boost_for_cost(cost, CostSettings(max_boost=max_boost)))
+    assert _boost_pattern(default).search(value), value
+
+
+@pytest.mark.parametrize("value", ["-1", "007", "1e3", "", " 5", "5\n1", "12345678901"])
+def test_other_boost_values_are_refused(default: list[dict[str, Any]], value: str) -> None:
+    assert _boost_pattern(default).search(value) is None
+
+
+def test_the_preemption_cost_component_turns_the_flag_on_with_its_rights(tmp_path: Path) -> None:
+    """Off in every install (config/default has neither the flag nor the rights); an overlay
+    that adds the component gets both, the Workload rights and nothing else, and keeps every
+    policy."""
+    default = render(CONFIG / "default")
+    reconciler = by_kind(default, "Deployment")["kubeckpt-reconciler"]
+    assert (
+        "--preemption-cost" not in reconciler["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert not any(
+        WORKLOAD_GROUP in r.get("apiGroups", [])
+        for role in by_kind(default, "ClusterRole").values()
+        for r in role.get("rules", [])
+    )
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    kustomization = {
+        "resources": [os.path.relpath(CONFIG / "default", overlay)],
+        "components": [os.path.relpath(CONFIG / "components" / "kueue-preemption-cost", overlay)],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    docs = render(overlay)
+    reconciler = by_kind(docs, "Deployment")["kubeckpt-reconciler"]
+    assert "--preemption-cost" in reconciler["spec"]["template"]["spec"]["containers"][0]["args"]
+    role = by_kind(docs, "ClusterRole")["kubeckpt-reconciler-preemption-cost"]
+    assert role["rules"] == [
+        {
+            "apiGroups": [WORKLOAD_GROUP],
+            "resources": [WORKLOAD_PLURAL],
+            "verbs": ["get", "list", "watch", "patch"],
+        }
+    ]
+    binding = by_kind(docs, "ClusterRoleBinding")["kubeckpt-reconciler-preemption-cost"]
+    assert binding["roleRef"]["name"] == "kubeckpt-reconciler-preemption-cost"
+    subjects = [f"system:serviceaccount:{s['namespace']}:{s['name']}" for s in binding["subjects"]]
+    assert subjects == [_accounts(docs)["reconciler"]]
+    assert set(by_kind(docs, VAP)) == {*RECONCILER_POLICIES, *WEBHOOK_POLICIES}
