@@ -16,7 +16,12 @@ from progress_controller import discovery as d
 from progress_controller.controller import ProgressController
 from progress_controller.main import parse_args
 from progress_controller.preemption_cost import PRIORITY_BOOST_ANNOTATION
-from progress_controller.preemption_cost_controller import PreemptionCostController
+from progress_controller.preemption_cost_controller import (
+    JOB_UID_INDEX,
+    WORKLOADS,
+    PreemptionCostController,
+    workload_job_uid_index,
+)
 from progress_controller.workload_boost import (
     FIELD_MANAGER,
     WriteRule,
@@ -30,7 +35,8 @@ from reconciler.client import Client
 from reconciler.clock import FakeClock
 from reconciler.config import ClientConfig
 from reconciler.controller import Request
-from reconciler.errors import Conflict
+from reconciler.errors import Conflict, ResourceNotFound
+from reconciler.informer import Informer
 from reconciler.manager import Manager
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -337,6 +343,13 @@ class _Shell:
             self.applied.append((obj, kw))
             return obj
 
+        # As _discover makes it once the Workload API is found.
+        self.ctrl.api = manager.client.api(WORKLOADS)
+        self.ctrl.workloads = Informer(
+            self.ctrl.api,
+            indexers={JOB_UID_INDEX: workload_job_uid_index},
+            transform=trim_workload,
+        )
         self.ctrl.api.apply = fake_apply  # type: ignore[method-assign]
         for inf, obj in ((self.progress.jobs, _job()), (self.ctrl.workloads, wl)):
             fresh = copy.deepcopy(obj)
@@ -399,3 +412,34 @@ def test_a_progress_update_reaches_the_jobs_workload():
     shell = _Shell(workload(), _tp(RUNNING))
     assert shell.ctrl._progress_to_workloads(_tp(RUNNING)) == [shell.request]
     assert shell.ctrl._progress_to_workloads(_tp(RUNNING, uid="x")) == []
+
+
+async def test_the_workload_informer_starts_only_once_kueue_is_there():
+    """Without Kueue the writer waits (the progress controller's informers alone gate
+    readiness); once discovery finds the Workload API, its informer starts and is watched."""
+    client = Client(ClientConfig("http://127.0.0.1:9", qps=None))  # never reached
+    manager = Manager(client, port=None)
+    progress = ProgressController(manager, clock=FakeClock())
+    ctrl = PreemptionCostController(manager, progress)
+    assert all(inf.name != "workloads" for inf in manager.informers.values())
+    served = False
+
+    async def resource(api_version: str, plural: str) -> Any:
+        assert (api_version, plural) == ("kueue.x-k8s.io/v1beta2", "workloads")
+        if not served:
+            raise ResourceNotFound("no such API")
+        return WORKLOADS
+
+    client.resource = resource  # type: ignore[method-assign]
+    assert await ctrl._discover() is False and ctrl.workloads is None
+    assert ctrl._progress_to_workloads(_tp(RUNNING)) == []
+    assert await ctrl.reconcile(Request("ml", "w")) is None
+    served = True
+    try:
+        assert await ctrl._discover() is True
+        assert ctrl.workloads is not None and ctrl.workloads.transform is trim_workload
+        assert await ctrl._discover() is True  # once
+    finally:
+        assert ctrl._task is not None
+        ctrl._task.cancel()
+    await client.close()
