@@ -54,8 +54,8 @@ test-unit: venv ## only the tests that need no control plane
 demo: venv binaries images ## the add-on on a local cluster with a real node: inject, train, preempt, resume
 	$(PY) hack/demo.py $(DEMO_ARGS)
 
-cluster-up: venv binaries images ## start the local cluster and its real node in the background (.cluster/kubeconfig)
-	$(PY) -m localcluster start
+cluster-up: venv binaries images ## start the local cluster and its real node in the background (.cluster/kubeconfig; CLUSTER_ARGS=--kueue adds Kueue)
+	$(PY) -m localcluster start $(CLUSTER_ARGS)
 
 cluster-down: venv ## stop it
 	$(PY) -m localcluster stop

@@ -319,6 +319,25 @@ build_trainer() {
   touch "$out/.complete"
 }
 
+# Kueue: its manager, the CRDs (the bases, without the conversion webhook patches: the local
+# cluster serves the storage version v1beta2 that the manager and kubeckpt use), the webhook
+# manifests (rendered at cluster start) and the default manager configuration, as reference.
+build_kueue() {
+  local out="$CACHE/kueue-$KUEUE_VERSION"
+  done_stamp "$out" && return
+  log "building the Kueue manager $KUEUE_VERSION"
+  rm -rf "$out"
+  mkdir -p "$out/crds" "$out/manager"
+  build_in_module "sigs.k8s.io/kueue@$KUEUE_VERSION" ./cmd/kueue "$out/kueue"
+  local src
+  src=$(module_dir "sigs.k8s.io/kueue@$KUEUE_VERSION")
+  cp "$src"/config/components/crd/bases/kueue.x-k8s.io_*.yaml "$out/crds/"
+  cp -r "$src/config/components/webhook" "$out/webhook"
+  cp "$src/config/components/manager/controller_manager_config.yaml" "$out/manager/"
+  chmod -R u+w "$out"
+  touch "$out/.complete"
+}
+
 find_kubectl() {
   # The machine's kubectl when it is within one minor version of the server (the supported skew),
   # else one built from the same Kubernetes module.
@@ -362,6 +381,7 @@ main() {
   build_training_operator
   build_jobset
   build_trainer
+  build_kueue
   build_kubernetes
   build_kubernetes_node
   build_coredns
@@ -369,7 +389,7 @@ main() {
   find_kubectl
   ensure_node_packages
   ensure_test_packages
-  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION-$PROMETHEUS_VERSION.env"
+  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION-$PROMETHEUS_VERSION-$KUEUE_VERSION.env"
   cat >"$envfile" <<EOF
 KUBECKPT_ETCD=$CACHE/etcd-$ETCD_VERSION/etcd
 KUBECKPT_KUBE_APISERVER=$CACHE/kubernetes-$K8S_VERSION/kube-apiserver
@@ -384,6 +404,8 @@ KUBECKPT_JOBSET=$CACHE/jobset-$JOBSET_VERSION/jobset-controller
 KUBECKPT_JOBSET_MANIFESTS=$CACHE/jobset-$JOBSET_VERSION
 KUBECKPT_TRAINER=$CACHE/trainer-$TRAINER_VERSION/trainer-controller-manager
 KUBECKPT_TRAINER_MANIFESTS=$CACHE/trainer-$TRAINER_VERSION
+KUBECKPT_KUEUE=$CACHE/kueue-$KUEUE_VERSION/kueue
+KUBECKPT_KUEUE_MANIFESTS=$CACHE/kueue-$KUEUE_VERSION
 KUBECKPT_KUBECTL=$KUBECTL
 KUBECKPT_KUBELET=$CACHE/kubernetes-node-$K8S_VERSION/kubelet
 KUBECKPT_KUBE_PROXY=$CACHE/kubernetes-node-$K8S_VERSION/kube-proxy

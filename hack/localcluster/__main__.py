@@ -1,7 +1,8 @@
 """`python -m localcluster up|start|stop|status` (run with hack/ on sys.path; see the Makefile).
 
 up     run the cluster in the foreground until SIGINT/SIGTERM (with Kubeflow Trainer and JobSet
-       when it has a real node; --trainer off|on|status, status = Trainer's TrainJobStatus gate on)
+       when it has a real node; --trainer off|on|status, status = Trainer's TrainJobStatus gate on;
+       --kueue: with Kueue, PyTorchJob and TrainJob integrations and PriorityBoost on)
 start  run it in the background and return once it is ready (state in .cluster/)
 stop   stop a cluster started with `start`
 """
@@ -24,7 +25,9 @@ from .node import host_problem
 STATE = REPO / ".cluster"
 
 
-def _up(nodes: int, real_nodes: int | None, state: Path | None, trainer: str | None) -> int:
+def _up(
+    nodes: int, real_nodes: int | None, state: Path | None, trainer: str | None, kueue: bool
+) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -39,6 +42,8 @@ def _up(nodes: int, real_nodes: int | None, state: Path | None, trainer: str | N
     try:
         if (trainer or ("on" if real_nodes else "off")) != "off":
             cluster.start_trainer(status_gate=trainer == "status")
+        if kueue:
+            cluster.start_kueue()
         info = cluster.describe()
         if state is not None:
             state.mkdir(exist_ok=True)
@@ -60,7 +65,7 @@ def _up(nodes: int, real_nodes: int | None, state: Path | None, trainer: str | N
                 (state / f).unlink(missing_ok=True)
 
 
-def _start(nodes: int, real_nodes: int | None, trainer: str | None) -> int:
+def _start(nodes: int, real_nodes: int | None, trainer: str | None, kueue: bool) -> int:
     STATE.mkdir(exist_ok=True)
     info = STATE / "cluster.json"
     if info.exists():
@@ -80,6 +85,7 @@ def _start(nodes: int, real_nodes: int | None, trainer: str | None) -> int:
             str(nodes),
             *(["--real-nodes", str(real_nodes)] if real_nodes is not None else []),
             *(["--trainer", trainer] if trainer is not None else []),
+            *(["--kueue"] if kueue else []),
             "--state",
             str(STATE),
         ],
@@ -142,12 +148,18 @@ def main(argv: list[str] | None = None) -> int:
         help="Kubeflow Trainer and JobSet (default: on with a real node); status: with Trainer's "
         "TrainJobStatus feature gate",
     )
+    ap.add_argument(
+        "--kueue",
+        action="store_true",
+        help="Kueue (built by hack/build-binaries.sh; needs root), with the PyTorchJob and "
+        "TrainJob integrations and its PriorityBoost feature gate",
+    )
     ap.add_argument("--state", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.command == "up":
-        return _up(args.nodes, args.real_nodes, args.state, args.trainer)
+        return _up(args.nodes, args.real_nodes, args.state, args.trainer, args.kueue)
     if args.command == "start":
-        return _start(args.nodes, args.real_nodes, args.trainer)
+        return _start(args.nodes, args.real_nodes, args.trainer, args.kueue)
     return _stop()
 
 

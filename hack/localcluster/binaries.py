@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 HACK = Path(__file__).resolve().parent.parent
@@ -39,6 +39,19 @@ class Binaries:
     coredns: Path
     # The monitoring test's Prometheus (tests/support/prometheus.py).
     prometheus: Path
+    # Kueue (started on demand, localcluster/kueue.py): optional, so that an env file written
+    # before Kueue was pinned still serves every other test; a test that starts Kueue without it
+    # gets MissingBinaries then.
+    kueue: Path | None = None
+    kueue_manifests: Path | None = None
+
+    def require_kueue(self) -> tuple[Path, Path]:
+        """Kueue's binary and its module's manifests, or MissingBinaries."""
+        if self.kueue is None or self.kueue_manifests is None:
+            raise MissingBinaries(
+                f"the binaries env file names no Kueue (KUBECKPT_KUEUE): rerun {BUILD_SCRIPT}"
+            )
+        return self.kueue, self.kueue_manifests
 
     @classmethod
     def from_env_file(cls, path: Path) -> Binaries:
@@ -47,16 +60,19 @@ class Binaries:
             if "=" in line and not line.startswith("#"):
                 k, v = line.split("=", 1)
                 values[k.strip()] = v.strip()
-        fields = {}
-        for name in cls.__dataclass_fields__:
-            key = "KUBECKPT_" + name.upper()
+        found = {}
+        for field in fields(cls):
+            key = "KUBECKPT_" + field.name.upper()
+            optional = field.default is None
             if key not in values:
+                if optional:
+                    continue
                 raise MissingBinaries(f"{path} lacks {key}; rerun {BUILD_SCRIPT}")
             p = Path(values[key])
             if not p.exists():
                 raise MissingBinaries(f"{p} ({key}) is missing; rerun {BUILD_SCRIPT}")
-            fields[name] = p
-        return cls(**fields)
+            found[field.name] = p
+        return cls(**found)
 
 
 def ensure_binaries(*, build: bool = True) -> Binaries:

@@ -33,6 +33,7 @@ from .binaries import Binaries, ensure_binaries
 from .images import IMAGES
 from .kubeconfig import write_kubeconfig
 from .kubeflow_trainer import TrainerStack
+from .kueue import KueueStack
 from .node import NODE_IP, REAL_NODE_TAINT, NodeUnavailable, RealNode, sweep_stale_real_node
 from .processes import ClusterError, Process, free_port, wait_ready
 from .waiting import wait_for
@@ -133,6 +134,7 @@ class LocalCluster:
         self.ports: dict[str, int] = {}
         self.node: RealNode | None = None
         self.trainer = TrainerStack(self)
+        self.kueue = KueueStack(self)
         self.real_node_problem: str | None = None
         if self.real_nodes not in (0, 1):
             raise ValueError("one real node at most (they would share the host's containerd)")
@@ -220,6 +222,15 @@ class LocalCluster:
 
     def stop_trainer(self) -> None:
         self.trainer.stop()
+
+    def start_kueue(self) -> KueueStack:
+        """Kueue (kueue.py), started on first use, with the PyTorchJob and TrainJob integrations
+        and the PriorityBoost feature gate."""
+        self.kueue.start()
+        return self.kueue
+
+    def stop_kueue(self) -> None:
+        self.kueue.stop()
 
     def stop(self) -> None:
         try:

@@ -57,6 +57,17 @@ STAND_IN_CRD = {
     },
 }
 NOW = datetime.now(UTC)
+# Valid under Kueue's own CRD too (test_kueue_priority_boost.py installs it in the same session).
+SPEC = {
+    "queueName": "lq",
+    "podSets": [
+        {
+            "name": "master",
+            "count": 1,
+            "template": {"spec": {"containers": [{"name": "pytorch", "image": "busybox"}]}},
+        }
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +80,7 @@ def workload_crd(cluster: LocalCluster) -> Iterator[None]:
         )
     yield
     if have.returncode != 0:
-        cluster.kubectl("delete", "crd", "workloads.kueue.x-k8s.io", "--wait=false", check=False)
+        cluster.kubectl("delete", "crd", "workloads.kueue.x-k8s.io", "--timeout=60s", check=False)
 
 
 async def _workload(client: Client, namespace: str, name: str = "pytorchjob-train-1") -> dict:
@@ -96,7 +107,7 @@ async def _workload(client: Client, namespace: str, name: str = "pytorchjob-trai
                     }
                 ],
             },
-            "spec": {"queueName": "lq", "podSets": [{"name": "master", "count": 1}]},
+            "spec": SPEC,
         },
         field_manager="kueue",
     )
@@ -223,7 +234,7 @@ async def test_the_policy_allows_only_the_boost_on_a_jobs_workload(
             "apiVersion": WORKLOAD_API_VERSION,
             "kind": "Workload",
             "metadata": {"name": "plain", "namespace": namespace},
-            "spec": {"queueName": "lq"},
+            "spec": SPEC,
         }
     )
     proc = _as_reconciler(cluster, namespace, "plain", applied_configuration(other, "40"), "apply")

@@ -1,0 +1,122 @@
+"""The priority-boost writer with the real Kueue (built from its module, localcluster/kueue.py):
+Kueue makes the Workload of a queued PyTorchJob, the writer finds it by its controller
+ownerReference, sets the boost by an unforced server-side apply that Kueue's own Workload webhook
+(PriorityBoost gate on) accepts, and stops when a second field manager owns the annotation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from progress_support import pytorchjob
+
+from localcluster import LocalCluster
+from localcluster.binaries import MissingBinaries
+from progress_controller.preemption_cost import PRIORITY_BOOST_ANNOTATION
+from progress_controller.workload_boost import (
+    FIELD_MANAGER,
+    WORKLOAD_API_VERSION,
+    annotation_managers,
+    applied_configuration,
+    decide,
+    workload_job,
+)
+from reconciler.apply import apply
+from reconciler.client import Client
+from reconciler.errors import ApiError, Conflict
+from tests.support.cluster_clients import eventually
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    try:
+        cluster.start_kueue()
+    except MissingBinaries as e:
+        pytest.fail(f"{e}\nBuild Kueue with hack/build-binaries.sh.", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop_kueue()
+
+
+async def _queued_job_workload(client: Client, namespace: str) -> tuple[dict, dict]:
+    """A PyTorchJob in a LocalQueue, and the Workload Kueue makes for it."""
+    jobs = await client.api_for("kubeflow.org/v1", "PyTorchJob")
+    body = pytorchjob("train", namespace, "/tmp/progress.json")
+    body["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
+    job = await jobs.create(body)
+    workloads = await client.api_for(WORKLOAD_API_VERSION, "Workload")
+    found: list[dict[str, Any]] = []
+
+    async def made() -> bool:
+        items = (await workloads.list_all(namespace)).items
+        found[:] = [
+            w for w in items if (wj := workload_job(w)) and wj.uid == job["metadata"]["uid"]
+        ]
+        return bool(found)
+
+    await eventually(made, "Kueue to make the job's Workload", within=60, interval=0.5)
+    return job, found[0]
+
+
+async def test_kueue_suspends_the_queued_job_and_names_it_on_its_workload(
+    kueue: LocalCluster, client: Client, namespace: str
+) -> None:
+    job, wl = await _queued_job_workload(client, namespace)
+    owner = workload_job(wl)
+    assert owner is not None and owner.kind.kind == "PyTorchJob" and owner.name == "train"
+    assert wl["metadata"]["labels"]["kueue.x-k8s.io/job-uid"] == job["metadata"]["uid"]
+    jobs = await client.api_for("kubeflow.org/v1", "PyTorchJob")
+    fresh = await jobs.get("train", namespace)
+    assert fresh["spec"]["runPolicy"]["suspend"] is True  # Kueue's webhook: queued, not admitted
+
+
+async def test_the_writer_sets_the_boost_that_kueue_accepts(
+    kueue: LocalCluster, client: Client, namespace: str
+) -> None:
+    _, wl = await _queued_job_workload(client, namespace)
+    workloads = await client.api_for(WORKLOAD_API_VERSION, "Workload")
+    decision = decide(wl, 56, now=datetime.now(UTC))
+    assert decision.write and decision.value == "56"
+    written = await apply(
+        workloads, applied_configuration(wl, "56"), field_manager=FIELD_MANAGER, force=False
+    )
+    assert written["metadata"]["annotations"][PRIORITY_BOOST_ANNOTATION] == "56"
+    assert set(annotation_managers(written)) == {FIELD_MANAGER}
+    assert written["spec"] == (await workloads.get(wl["metadata"]["name"], namespace))["spec"]
+    # Kueue's Workload webhook validates the annotation (the gate is on): not an int32, refused.
+    with pytest.raises(ApiError) as e:
+        await apply(
+            workloads,
+            applied_configuration(wl, "99999999999"),
+            field_manager=FIELD_MANAGER,
+            force=False,
+        )
+    assert "priority-boost" in str(e.value)
+
+
+async def test_the_writer_leaves_a_boost_another_manager_owns(
+    kueue: LocalCluster, client: Client, namespace: str
+) -> None:
+    _, wl = await _queued_job_workload(client, namespace)
+    workloads = await client.api_for(WORKLOAD_API_VERSION, "Workload")
+    name = wl["metadata"]["name"]
+    await apply(workloads, applied_configuration(wl, "40"), field_manager=FIELD_MANAGER)
+    theirs = await workloads.patch(
+        name,
+        {"metadata": {"annotations": {PRIORITY_BOOST_ANNOTATION: "500"}}},
+        namespace,
+        patch_type="merge",
+        field_manager="platform-admin",
+    )
+    decision = decide(theirs, 0, now=datetime.now(UTC))
+    assert decision.action == "foreign" and decision.owners == ("platform-admin",)
+    with pytest.raises(Conflict):
+        await apply(workloads, applied_configuration(theirs, "0"), field_manager=FIELD_MANAGER)
+    assert (await workloads.get(name, namespace))["metadata"]["annotations"][
+        PRIORITY_BOOST_ANNOTATION
+    ] == "500"
