@@ -13,12 +13,14 @@ controller that sets the boost wins, and the API server backs this, as we apply 
 field another manager owns is a 409). No write when the value is what the Workload already has.
 To keep writes rare (each is an API write and a Kueue requeue of the ClusterQueue's heads):
 
-- a new value that is 0 (the job just committed a checkpoint, or stopped) is written at once:
-  it is the one Kueue needs soonest, as it makes the job the cheapest victim;
-- any other change is written only when it moves the value by at least `min_change` and our
-  last write (the `time` of our managedFields entry) is at least `min_interval` seconds old.
-  The boost grows with the logarithm of the work at risk, so a running job's value rises by
-  `min_change` ever more rarely: a handful of writes per checkpoint interval.
+- a change smaller than `min_change` is not written (the measured step time wobbles from poll
+  to poll), unless the new value is 0;
+- a fall (the job committed a checkpoint, or stopped) is written at once: it is what Kueue needs
+  soonest, as it makes the job a cheaper victim, and it happens once per checkpoint;
+- a rise is written only when our last write (the `time` of our managedFields entry) is at
+  least `min_interval` seconds old. The boost grows with the logarithm of the work at risk, so
+  a running job's value rises by `min_change` ever more rarely: a handful of writes per
+  checkpoint interval.
 """
 
 from __future__ import annotations
@@ -157,6 +159,8 @@ def decide(
         return Decision("write", value)
     if abs(boost - current) < rule.min_change:
         return Decision("not-yet")
+    if boost < current:
+        return Decision("write", value)
     last = owners.get(manager)
     if last is not None:
         try:

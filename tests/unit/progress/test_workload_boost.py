@@ -200,6 +200,13 @@ def test_a_recent_write_delays_the_next():
     assert decide(wl, 60, now=NOW + timedelta(seconds=20), rule=WriteRule()).write
 
 
+def test_a_fall_is_written_at_once_and_a_rise_waits():
+    wl = workload("40", [_entry(FIELD_MANAGER, when=NOW - timedelta(seconds=1))])
+    assert decide(wl, 20, now=NOW).value == "20"  # a new checkpoint: cheaper now
+    assert decide(wl, 60, now=NOW).action == "not-yet"
+    assert decide(wl, 37, now=NOW).action == "not-yet"  # a wobble, not a checkpoint
+
+
 def test_a_drop_to_zero_is_written_at_once():
     # The job just committed a checkpoint: Kueue should know at once that it is cheap.
     wl = workload("3", [_entry(FIELD_MANAGER, when=NOW)])
@@ -220,7 +227,9 @@ def test_the_rules_hold_for_any_values(have, want, age, min_change, min_interval
     assert decide(copy.deepcopy(wl), want, now=NOW, rule=rule) == decision
     if decision.write:
         assert decision.value == str(want) and want != have
-        assert want == 0 or (abs(want - have) >= min_change and int(age) >= min_interval)
+        assert want == 0 or (
+            abs(want - have) >= min_change and (want < have or int(age) >= min_interval)
+        )
     else:
         assert want == have or (want != 0 and decision.action == "not-yet")
 
