@@ -10,8 +10,9 @@ controller ownerReference names a job kind we serve with the job's UID.
 The writer's rule (`decide`): the annotation is written only when our field manager owns it or
 nobody does (managedFields), never when another field manager owns it: an admin or another
 controller that sets the boost wins, and the API server backs this, as we apply without force (a
-field another manager owns is a 409). No write when the value is what the Workload already has.
-To keep writes rare (each is an API write and a Kueue requeue of the ClusterQueue's heads):
+field another manager owns is a 409). No write when the value is what the Workload already has
+(a missing annotation is 0 to Kueue). To keep writes rare (each is an API write and a Kueue
+requeue of the ClusterQueue's heads):
 
 - a change smaller than `min_change` is not written (the measured step time wobbles from poll
   to poll), unless the new value is 0;
@@ -152,7 +153,7 @@ def decide(
         return Decision("no-value")
     value = boost_value(boost)
     have = _current(workload)
-    if have == value:
+    if have == value or (have is None and boost == 0):  # Kueue reads a missing boost as 0
         return Decision("unchanged")
     current = _as_int(have)
     if current is None or boost == 0:

@@ -1,20 +1,25 @@
 """The priority-boost writer with the real Kueue (built from its module, localcluster/kueue.py):
 Kueue makes the Workload of a queued PyTorchJob, the writer finds it by its controller
 ownerReference, sets the boost by an unforced server-side apply that Kueue's own Workload webhook
-(PriorityBoost gate on) accepts, and stops when a second field manager owns the annotation."""
+(PriorityBoost gate on) accepts, and stops when a second field manager owns the annotation. End to
+end: Kueue admits a job, the progress controller reads its record, and the writer keeps the
+boost current as the job's work at risk grows and falls with a new checkpoint."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from progress_support import pytorchjob
+from progress_support import FAST, progress, pytorchjob, write_atomic
 
 from localcluster import LocalCluster
 from localcluster.binaries import MissingBinaries
-from progress_controller.preemption_cost import PRIORITY_BOOST_ANNOTATION
+from progress_controller.controller import ProgressController
+from progress_controller.preemption_cost import PRIORITY_BOOST_ANNOTATION, boost_for_cost
+from progress_controller.preemption_cost_controller import PreemptionCostController
 from progress_controller.workload_boost import (
     FIELD_MANAGER,
     WORKLOAD_API_VERSION,
@@ -26,6 +31,7 @@ from progress_controller.workload_boost import (
 from reconciler.apply import apply
 from reconciler.client import Client
 from reconciler.errors import ApiError, Conflict
+from reconciler.manager import Manager
 from tests.support.cluster_clients import eventually
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -120,3 +126,90 @@ async def test_the_writer_leaves_a_boost_another_manager_owns(
     assert (await workloads.get(name, namespace))["metadata"]["annotations"][
         PRIORITY_BOOST_ANNOTATION
     ] == "500"
+
+
+def _queues(namespace: str) -> list[dict[str, Any]]:
+    """A ClusterQueue with room for the job, and its LocalQueue `lq` in `namespace`."""
+    quota = [{"name": "cpu", "nominalQuota": "100"}, {"name": "memory", "nominalQuota": "100Gi"}]
+    return [
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "default-flavor"},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": f"cq-{namespace}"},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [{"name": "default-flavor", "resources": quota}],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "lq", "namespace": namespace},
+            "spec": {"clusterQueue": f"cq-{namespace}"},
+        },
+    ]
+
+
+def _record(step: int, checkpoint_step: int, when: datetime) -> bytes:
+    return progress(
+        step,
+        stepSeconds="2",
+        checkpointing={
+            "enabled": True,
+            "latestCheckpoint": f"/ckpt/train/checkpoint-{checkpoint_step}",
+            "checkpointsCreated": 1,
+            "latestCheckpointTime": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastSaveSeconds": "20",
+        },
+    )
+
+
+async def test_the_controller_keeps_an_admitted_jobs_boost_current(
+    kueue: LocalCluster, client: Client, namespace: str
+) -> None:
+    kueue.apply(_queues(namespace))
+    path = kueue.exec_dir(namespace, "train-master-0") / "progress.json"
+    write_atomic(path, _record(500, 100, datetime.now(UTC)))
+    job = pytorchjob("train", namespace, str(path))
+    job["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
+    kueue.apply(job)
+    workloads = await client.api_for(WORKLOAD_API_VERSION, "Workload")
+
+    async def boost_is(value: str) -> dict | None:
+        for wl in (await workloads.list_all(namespace)).items:
+            annotations = wl["metadata"].get("annotations") or {}
+            if workload_job(wl) and annotations.get(PRIORITY_BOOST_ANNOTATION) == value:
+                return wl
+        return None
+
+    manager = Manager(client, name="preemption-cost-test", port=None, drain_timeout=1.0)
+    progress_ctrl = ProgressController(manager, settings=FAST)
+    cost = PreemptionCostController(manager, progress_ctrl, discovery_interval=1.0)
+    task = asyncio.create_task(manager.run())
+    try:
+        # Admitted by Kueue, read by the progress controller: 400 steps of 2 s and a 20 s save
+        # at risk.
+        high = str(boost_for_cost(400 * 2 + 20))
+        wl = await eventually(lambda: boost_is(high), f"the boost {high}", within=90)
+        assert int(high) > 0
+        assert set(annotation_managers(wl)) == {FIELD_MANAGER}
+        # A new checkpoint at step 500: 10 steps and the save at risk, written at once.
+        write_atomic(path, _record(510, 500, datetime.now(UTC)))
+        low = str(boost_for_cost(10 * 2 + 20))
+        await eventually(lambda: boost_is(low), f"the boost to fall to {low}", within=30)
+        assert int(low) < int(high)
+        assert cost.stats["writes"] == 2 and cost.stats["foreign"] == 0
+    finally:
+        manager.stop()
+        await asyncio.wait_for(task, 30)
+        kueue.kubectl("delete", "clusterqueue", f"cq-{namespace}", "--wait=false", check=False)

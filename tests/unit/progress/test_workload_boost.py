@@ -185,6 +185,8 @@ def test_nothing_to_write_without_a_value():
 def test_no_write_when_the_value_is_unchanged():
     wl = workload("40", [_entry(FIELD_MANAGER, when=NOW - timedelta(hours=1))])
     assert decide(wl, 40, now=NOW).action == "unchanged"
+    # Kueue reads a missing annotation as 0: a new, pending job's Workload is not written.
+    assert decide(workload(), 0, now=NOW).action == "unchanged"
 
 
 def test_a_small_change_waits():
