@@ -21,6 +21,10 @@ answer. What is HF's own:
 - JIT: SIGTERM or the preStop request; the ranks agree on it with the pipelined per-step
   agreement, save at the same step, and stop with `control.should_training_stop`. The preStop
   request is answered once the checkpoint is durable and committed, before `train()` returns.
+  Then, in zero-code mode (`exit_on_stop`), the process ends with the preemption exit code where
+  the Trainer's training loop returns (stop/process_end.py): the script's code after `train()`
+  assumes training finished and never runs. Called explicitly (library mode), `train()` returns,
+  with a warning that the script should exit now (`trainer.kubeckpt.stopped`, `exit_code`).
 - Retention: the callback owns it (the Trainer's `save_total_limit` is taken over and set to None,
   because the Trainer's rotation would count incomplete checkpoints and could delete complete
   ones); it keeps `save_total_limit` if the user set one, else CHECKPOINT_MAX_CHECKPOINTS.
@@ -31,6 +35,7 @@ answer. What is HF's own:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -59,6 +64,7 @@ from ..generations import newest_first
 from ..protocol import Checkpointer, Report, SaveResult, TierCommit
 from ..protocol.resume import same_world_size
 from ..stop import JitStop, StopOwner, exit_code
+from ..stop.process_end import end_process
 from ..storage import LocalTier, Tier, persistent_tier
 from ..torch.dcp import hash_files
 from .kubeflow import guard_kubeflow_callbacks
@@ -186,6 +192,9 @@ class KubeckptCallback(TrainerCallback):
         self._in_flight: _HFSave | None = None  # the save whose copies the next update waits for
         self.rank, self.world_size = 0, 1
         self.stopped = False  # a JIT save happened and training was stopped
+        # Zero-code mode: the process ends once train() is done after a stop (ended_by_stop).
+        self.exit_on_stop = False
+        self._warned_returned = False
         self._hf_trainer: Any = None  # set by kubeckpt_trainer
         self.resumed_from: str | None = None
         # A download to drop once training runs: (tier, step, generation).
@@ -339,6 +348,28 @@ class KubeckptCallback(TrainerCallback):
         after a just-in-time stop, so that the job controller restarts the job instead of
         counting the preempted pod a success."""
         return exit_code(self.stopped)
+
+    def ended_by_stop(self) -> None:
+        """The Trainer's training has returned. After a just-in-time stop (saved or not), zero-code
+        mode ends the process here with `exit_code` (on every rank: each returns from the same
+        agreed stop); called explicitly, the script gets train()'s return, and a warning, once,
+        saying what it must do. Nothing happens after a run that finished."""
+        if not self.stopped:
+            return
+        if self.exit_on_stop:
+            end_process(self.exit_code)
+        if not self._warned_returned:
+            self._warned_returned = True
+            # Logged when train() returns rather than detected later: whatever the script does
+            # next is its own code, which nothing of ours sees before it runs.
+            log.warning(
+                "kubeckpt: train() returned because training was stopped for preemption at step "
+                "%s; training did not finish. Exit now, before any code that assumes a finished "
+                "model: `if trainer.kubeckpt.stopped: sys.exit(trainer.kubeckpt.exit_code)` "
+                "(exit code %d)",
+                self._state.global_step if self._state is not None else "?",
+                self.exit_code,
+            )
 
     def on_train_end(self, args, state, control, **kwargs):
         ckpt, stop = self.ckpt, self.stop
@@ -613,12 +644,19 @@ class KubeckptCallback(TrainerCallback):
             self.stop.finish(step, result)
 
 
-def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
+def kubeckpt_trainer(
+    trainer: Any, config: Config | None = None, *, exit_on_stop: bool = False
+) -> Any:
     """Attach kubeckpt to a built Trainer, in one line: `trainer = kubeckpt_trainer(Trainer(...))`.
 
     Adds the callback (from the environment unless `config` is given), points `output_dir` at
     CHECKPOINT_URI, and makes `trainer.train()` resume from the newest complete checkpoint when
     CHECKPOINT_RESUME is on and no `resume_from_checkpoint` was passed.
+
+    After a just-in-time stop `train()` returns (`trainer.kubeckpt.stopped`; the script exits
+    with `trainer.kubeckpt.exit_code`), with a warning. `exit_on_stop` (zero-code mode, whose
+    script knows nothing of kubeckpt) instead ends the process with that exit code as soon as the
+    Trainer's training loop returns, so that no code after `train()` runs on the partial model.
 
     Idempotent: a trainer that already has kubeckpt attached (zero-code mode attaches it from
     `Trainer.__init__`, and the script may call this again) is returned unchanged, so there is
@@ -631,6 +669,7 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
     callback.adopt(trainer.args)
     trainer.kubeckpt = callback
     callback._hf_trainer = trainer
+    callback.exit_on_stop = exit_on_stop
     guard_kubeflow_callbacks(trainer, lambda: callback.stopped)
     if callback.config.enabled:
         _install_async_save(trainer, callback)
@@ -642,10 +681,33 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
             resume_from_checkpoint = callback.restore()
         callback.resumed_from = resume_from_checkpoint
         check_resume(trainer, resume_from_checkpoint)  # another world size: exact, or an error
-        return train(resume_from_checkpoint, *args, **kwargs)
+        output = train(resume_from_checkpoint, *args, **kwargs)
+        callback.ended_by_stop()  # zero-code: not reached after a stop (below)
+        return output
 
     trainer.train = train_with_resume
+    if exit_on_stop:
+        _end_after_training_loop(trainer, callback)
     return trainer
+
+
+def _end_after_training_loop(trainer: Any, callback: KubeckptCallback) -> None:
+    """End the process where the Trainer's own training loop returns after a stop: every
+    callback's `on_train_end` has run and the hub push in flight is waited for, and nothing
+    after it has, not even a Trainer subclass's `train()` override that saves or pushes the
+    "final" model after `super().train()` (trl's SFTTrainer did). A Trainer without the loop
+    (another transformers) ends where `train()` returns instead."""
+    inner = getattr(trainer, "_inner_training_loop", None)
+    if not callable(inner):
+        return
+
+    @functools.wraps(inner)  # accelerate's find_executable_batch_size reads the signature
+    def training_loop(*args: Any, **kwargs: Any) -> Any:
+        output = inner(*args, **kwargs)
+        callback.ended_by_stop()
+        return output
+
+    trainer._inner_training_loop = training_loop
 
 
 def _install_async_save(trainer: Any, callback: KubeckptCallback) -> None:
