@@ -23,8 +23,8 @@ answer. What is HF's own:
   request is answered once the checkpoint is durable and committed, before `train()` returns.
   Then, in zero-code mode (`exit_on_stop`), the process ends with the preemption exit code where
   the Trainer's training loop returns (stop/process_end.py): the script's code after `train()`
-  assumes training finished and never runs. Called explicitly (library mode), `train()` returns,
-  with a warning that the script should exit now (`trainer.kubeckpt.stopped`, `exit_code`).
+  assumes training finished and never runs. In library mode `train()` returns, with a warning
+  that the script should exit now (`trainer.kubeckpt.stopped`, `exit_code`).
 - Retention: the callback owns it (the Trainer's `save_total_limit` is taken over and set to None,
   because the Trainer's rotation would count incomplete checkpoints and could delete complete
   ones); it keeps `save_total_limit` if the user set one, else CHECKPOINT_MAX_CHECKPOINTS.
@@ -351,25 +351,25 @@ class KubeckptCallback(TrainerCallback):
 
     def ended_by_stop(self) -> None:
         """The Trainer's training has returned. After a just-in-time stop (saved or not), zero-code
-        mode ends the process here with `exit_code` (on every rank: each returns from the same
-        agreed stop); called explicitly, the script gets train()'s return, and a warning, once,
-        saying what it must do. Nothing happens after a run that finished."""
-        if not self.stopped:
-            return
-        if self.exit_on_stop:
+        mode ends the process here with `exit_code`, on every rank (each returns from the same
+        agreed stop). Nothing happens after a run that finished, or in library mode."""
+        if self.stopped and self.exit_on_stop:
             end_process(self.exit_code)
-        if not self._warned_returned:
-            self._warned_returned = True
-            # Logged when train() returns rather than detected later: whatever the script does
-            # next is its own code, which nothing of ours sees before it runs.
-            log.warning(
-                "kubeckpt: train() returned because training was stopped for preemption at step "
-                "%s; training did not finish. Exit now, before any code that assumes a finished "
-                "model: `if trainer.kubeckpt.stopped: sys.exit(trainer.kubeckpt.exit_code)` "
-                "(exit code %d)",
-                self._state.global_step if self._state is not None else "?",
-                self.exit_code,
-            )
+
+    def _warn_returning(self, step: int) -> None:
+        """Library mode: `train()` returns after a stop, and the script's next line is its own.
+        Said once, as it returns (nothing of ours sees that code before it runs), with what to do;
+        also for a callback added by hand, which has no `train()` of ours around it."""
+        if self._warned_returned:
+            return
+        self._warned_returned = True
+        log.warning(
+            "kubeckpt: train() returns because training was stopped for preemption at step %d; "
+            "training did not finish. Exit now, before any code that assumes a finished model: "
+            "`if trainer.kubeckpt.stopped: sys.exit(trainer.kubeckpt.exit_code)` (exit code %d)",
+            step,
+            self.exit_code,
+        )
 
     def on_train_end(self, args, state, control, **kwargs):
         ckpt, stop = self.ckpt, self.stop
@@ -386,6 +386,8 @@ class KubeckptCallback(TrainerCallback):
         self._hooks = []
         self._close_groups(stop.watcher is None or not stop.watcher.is_alive())
         self.ckpt = self.stop = None
+        if self.stopped and not self.exit_on_stop:
+            self._warn_returning(state.global_step)
 
     def _close_groups(self, watcher_ended: bool = True) -> None:
         for comm in (self.comm, self.io, self.ctl):
@@ -682,7 +684,7 @@ def kubeckpt_trainer(
         callback.resumed_from = resume_from_checkpoint
         check_resume(trainer, resume_from_checkpoint)  # another world size: exact, or an error
         output = train(resume_from_checkpoint, *args, **kwargs)
-        callback.ended_by_stop()  # zero-code: not reached after a stop (below)
+        callback.ended_by_stop()  # zero-code: reached after a stop only without the loop
         return output
 
     trainer.train = train_with_resume

@@ -30,7 +30,7 @@ from trainer_runtime.zerocode.install import install
 JOB = Path(__file__).with_name("final_marker_job.py")
 STEPS = 12
 PREEMPT_AT = 3
-RETURNED = "kubeckpt: train() returned because training was stopped for preemption"
+RETURNED = "kubeckpt: train() returns because training was stopped for preemption"
 ENDED = f"the process exits with {PREEMPTED_EXIT_CODE} now"
 
 
