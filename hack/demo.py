@@ -458,7 +458,12 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
 
         step_title("the end state")
         show(cluster, "get", "pytorchjob,tp", "-n", NAMESPACE)
-        show(cluster, "describe", "tp", JOB, "-n", NAMESPACE)
+        described = show(cluster, "describe", "tp", JOB, "-n", NAMESPACE)
+        events = described[described.find("Events:") :]
+        checks.check(
+            "JITCheckpoint" in events and "Resumed" in events,
+            "kubectl describe tp lists the JITCheckpoint and Resumed Events",
+        )
 
         step_title("summary")
         ck = st.get("checkpointing") or {}

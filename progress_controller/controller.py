@@ -321,13 +321,12 @@ class ProgressController:
                     continue
             self._written[key] = tp
             if taken:
-                self.events.event(
-                    job,
-                    "Normal",
-                    "TrainingProgressName",
+                message = (
                     f"this {kind.kind}'s TrainingProgress is {name}: "
-                    f"{', '.join(taken)} belongs to another job of the same name",
+                    f"{', '.join(taken)} belongs to another job of the same name"
                 )
+                for about in (job, tp):
+                    self.events.event(about, "Normal", "TrainingProgressName", message)
             return tp, False
         log.warning("%s: no free TrainingProgress name (%s taken)", key, ", ".join(taken))
         return None, False
@@ -522,9 +521,11 @@ class ProgressController:
         self.stats["writes"] += 1
         self._written[key] = written
         # Events only once the status that records them is stored: a restarted controller
-        # compares with it and does not send them again.
+        # compares with it and does not send them again. Each on the job and on its
+        # TrainingProgress: `kubectl describe tp` is where a user looks for them.
         for ev in dec.events:
             self.events.event(job, ev.type, ev.reason, ev.message)
+            self.events.event(written, ev.type, ev.reason, ev.message)
 
     def _report_foreign(
         self, key: str, job: KubeObject, claimed: list[KubeObject], foreign: dict[str, str]

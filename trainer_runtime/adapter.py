@@ -14,6 +14,7 @@ numbers) and `_manifest_extra`. The HF callback, whose loop is the Trainer's, sh
 from __future__ import annotations
 
 import atexit
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, Self
@@ -26,6 +27,8 @@ from .protocol.resume import same_world_size
 from .protocol.session import SaveResult, SaveSession, Staged
 from .stop import JitStop, StopOwner
 from .storage import LocalTier, Tier
+
+log = logging.getLogger("trainer_runtime.stop")
 
 
 class _Copying(Protocol):
@@ -81,6 +84,8 @@ class AdapterBase:
         self._closed = False
         self._hooks: list[Any] = []  # the framework's hook handles, removed on close
         self._last_report: tuple[Any, Any, Any] = (None, None, None)
+        self._told_stopped = False  # step_end has returned True: the loop should have ended
+        self._warned_stopped = False
         # A script that never calls close() (an exception, sys.exit) still leaves its final record
         # for `kubectl`; nothing more happens at exit, where other ranks may already be gone.
         atexit.register(self._at_exit)
@@ -121,6 +126,7 @@ class AdapterBase:
         (a just-in-time checkpoint was taken, or its attempt ended)."""
         if self.stopped:
             self._stop.after_stop()
+            self._tell_stopped()
             return True
         self.step = step
         if epoch is not None:
@@ -132,6 +138,7 @@ class AdapterBase:
             if self._stop.owner is not StopOwner.WATCHER:
                 self._stop.save_at(step, lambda: stage(True))
             self._write_progress(step, loss, learning_rate, metrics, final=True)
+            self._tell_stopped()
             return True
         if decision.persistent or decision.local:
             blocking = not self.config.async_save
@@ -145,6 +152,20 @@ class AdapterBase:
         if self.progress.due(step):
             self._write_progress(step, loss, learning_rate, metrics)
         return False
+
+    def _tell_stopped(self) -> None:
+        """`step_end` returns True. Called again after that, the loop ignored it and trains on
+        after the stop with nothing saved any more: said once, with what to do."""
+        if self._told_stopped and not self._warned_stopped:
+            self._warned_stopped = True
+            log.warning(
+                "kubeckpt: step_end() was called again after it returned True: training was "
+                "stopped for preemption at step %d, and nothing after it is saved. End the loop "
+                "when step_end() returns True and exit with `mgr.exit_code` (%d)",
+                self.step,
+                self.exit_code,
+            )
+        self._told_stopped = True
 
     def _save(self, step: int, stage: Callable[[], Staged], *, blocking: bool) -> SaveResult | None:
         """A save the script asks for, to the persistent tier (every rank at the same step)."""

@@ -609,20 +609,28 @@ async def test_the_reconcilers_own_events_are_allowed(
     then a repeat aggregated (a patch of count, lastTimestamp and message)."""
     recorder = EventRecorder(reconciler, "kubeckpt-reconciler")
     task = asyncio.create_task(recorder.run())
+    # The controller records each Event on the job and on its TrainingProgress.
+    progress = {
+        "apiVersion": "kubeckpt.io/v1alpha1",
+        "kind": "TrainingProgress",
+        "metadata": {"name": "llm", "namespace": namespace, "uid": "0d1c5f3e-0000-4000-8000-2"},
+    }
     try:
         for _ in range(2):
-            assert recorder.event(job_object(namespace), "Normal", "CheckpointSaved", "step 150")
+            for about in (job_object(namespace), progress):
+                assert recorder.event(about, "Normal", "CheckpointSaved", "step 150")
             await asyncio.wait_for(recorder.flush(), 30)
     finally:
         task.cancel()
     assert (recorder.stats["sent"], recorder.stats["aggregated"], recorder.stats["failed"]) == (
-        1,
-        1,
+        2,
+        2,
         0,
     )
     events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)
-    (event,) = [e for e in events["items"] if e["reason"] == "CheckpointSaved"]
-    assert event["count"] == 2 and event["reportingComponent"] == "kubeckpt-reconciler"
+    saved = [e for e in events["items"] if e["reason"] == "CheckpointSaved"]
+    assert sorted(e["involvedObject"]["kind"] for e in saved) == ["PyTorchJob", "TrainingProgress"]
+    assert all(e["count"] == 2 and e["reportingComponent"] == "kubeckpt-reconciler" for e in saved)
 
 
 @pytest.mark.parametrize(
@@ -632,7 +640,16 @@ async def test_the_reconcilers_own_events_are_allowed(
         ({"reportingComponent": "default-scheduler"}, "only its own Events"),
         ({"involvedObject": {"apiVersion": "v1", "kind": "Pod"}}, "only about a training job"),
         (
-            {"involvedObject": {"apiVersion": "kubeckpt.io/v1alpha1", "kind": "TrainingProgress"}},
+            {
+                "involvedObject": {
+                    "apiVersion": "kubeckpt.example/v1alpha1",
+                    "kind": "TrainingProgress",
+                }
+            },
+            "only about a training job",
+        ),
+        (
+            {"involvedObject": {"apiVersion": "kubeckpt.io/v1alpha1", "kind": "CheckpointPolicy"}},
             "only about a training job",
         ),
         (

@@ -93,6 +93,7 @@ def test_demo_scenario_preempts_and_resumes_exactly(
         "final parameters bitwise equal to the uninterrupted run's",
         "Events JITCheckpoint x1, Resumed x1",
         "the final status read from the terminationMessage",
+        "kubectl describe tp lists the JITCheckpoint and Resumed Events",
     ):
         assert what in out, what
     assert re.search(r"tp -w \| tiny-mlp\s+tiny-mlp\s+Training\s+\d+", out), (

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeckpt_api.jobkinds import TRAINJOB
+from kubeckpt_api.jobkinds import PYTORCHJOB, TRAINJOB, JobKind
 from localcluster import LocalCluster, wait_for
 from localcluster import addon as kubeckpt_addon
 from localcluster.kubeflow_trainer import RUNTIME
@@ -54,12 +54,19 @@ def addon(cluster: LocalCluster, real_node: RealNode) -> Iterator[None]:
 # --- the namespace, its storage and its jobs ---
 
 
-def prepare(cluster: LocalCluster, ns: str, volume: Path, jobs: list[str], save_steps: int) -> None:
+def prepare(
+    cluster: LocalCluster,
+    ns: str,
+    volume: Path,
+    jobs: list[str],
+    save_steps: int,
+    kind: JobKind = TRAINJOB,
+) -> None:
     """An opted-in namespace: a CheckpointPolicy (pvc://checkpoints/runs), a local PV on the node
     and its claim, the scripts as a ConfigMap, an HF-token-style Secret."""
     cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
     for job in jobs:
-        d = job_dir(volume, ns, job)
+        d = job_dir(volume, ns, job, kind)
         d.mkdir(parents=True)
     for p in [volume, *volume.rglob("*")]:
         p.chmod(0o777)  # the training image runs as uid 1000
@@ -242,14 +249,14 @@ def events(cluster: LocalCluster, ns: str, job: str) -> list[str]:
     return [e["reason"] for e in out["items"] for _ in range(e.get("count") or 1)]
 
 
-def job_dir(volume: Path, ns: str, job: str) -> Path:
-    """The TrainJob's directory on the claim (pvc://checkpoints/runs): its kind's own."""
-    return volume / "runs" / TRAINJOB.storage_dir(ns, job)
+def job_dir(volume: Path, ns: str, job: str, kind: JobKind = TRAINJOB) -> Path:
+    """The job's directory on the claim (pvc://checkpoints/runs): its kind's own."""
+    return volume / "runs" / kind.storage_dir(ns, job)
 
 
-def checkpoints(volume: Path, ns: str, job: str) -> dict[int, bool]:
+def checkpoints(volume: Path, ns: str, job: str, kind: JobKind = TRAINJOB) -> dict[int, bool]:
     """Step -> complete, as the volume on the host shows it."""
-    root = job_dir(volume, ns, job)
+    root = job_dir(volume, ns, job, kind)
     out = {}
     for d in root.glob("checkpoint-*"):
         if d.name.removeprefix("checkpoint-").isdigit():
@@ -560,7 +567,7 @@ def test_pytorchjob_replacement_comes_after_the_victim(
     demo = load_demo()
     ns, job = node_ns, "pt-handover"
     volume = tmp_path / "volume"
-    prepare(cluster, ns, volume, [job], save_steps=30)
+    prepare(cluster, ns, volume, [job], save_steps=30, kind=PYTORCHJOB)
     pj = demo.demo_job(job, 400, 0.1, tolerate=True)
     del pj["spec"]["pytorchReplicaSpecs"]["Worker"]
     c = pj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
@@ -582,11 +589,13 @@ def test_pytorchjob_replacement_comes_after_the_victim(
         return obj if obj and not obj["metadata"].get("deletionTimestamp") else None
 
     victim = wait_for(lambda: (m := master()) and running(m) and m, "the master running", 240)
-    wait_for(lambda: checkpoints(volume, ns, job).get(30), "the periodic checkpoint-30", 120)
+    wait_for(
+        lambda: checkpoints(volume, ns, job, PYTORCHJOB).get(30), "the periodic checkpoint-30", 120
+    )
     t0 = time.time()
     _, overlap = _preempt_and_watch_replacement(cluster, ns, victim, master)
     assert not overlap
-    ckpts = checkpoints(volume, ns, job)
+    ckpts = checkpoints(volume, ns, job, PYTORCHJOB)
     jit = [s for s in ckpts if s % 30 != 0]
     assert jit and ckpts[jit[0]], ckpts
     assert time.time() - t0 >= SLOW_COMMIT - 1  # the victim lived through its commit

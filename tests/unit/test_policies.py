@@ -20,6 +20,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kubeckpt_api.groupversion import GROUP, TRAINING_PROGRESS
 from progress_controller.preemption_cost import (
     INT32_MAX,
     PRIORITY_BOOST_ANNOTATION,
@@ -153,6 +154,7 @@ def test_the_write_policies_name_the_contracts_labels_and_annotations(
     assert pods["jobLabels"] == cel_list([k.name_label for k in JOB_KINDS])
     events = variables(policies["kubeckpt-reconciler-events"])
     assert events["jobKinds"] == cel_list([[k.group, k.kind] for k in JOB_KINDS])
+    assert events["ownKinds"] == cel_list([[GROUP, TRAINING_PROGRESS.kind]])
     trainjobs = policies["kubeckpt-reconciler-trainjobs"]
     (rule,) = trainjobs["spec"]["matchConstraints"]["resourceRules"]
     (trainjob,) = [k for k in JOB_KINDS if k.progress_status_field]

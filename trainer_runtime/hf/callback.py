@@ -21,6 +21,10 @@ answer. What is HF's own:
 - JIT: SIGTERM or the preStop request; the ranks agree on it with the pipelined per-step
   agreement, save at the same step, and stop with `control.should_training_stop`. The preStop
   request is answered once the checkpoint is durable and committed, before `train()` returns.
+  Then, in zero-code mode (`exit_on_stop`), the process ends with the preemption exit code where
+  the Trainer's training loop returns (stop/process_end.py): the script's code after `train()`
+  assumes training finished and never runs. In library mode `train()` returns, with a warning
+  that the script should exit now (`trainer.kubeckpt.stopped`, `exit_code`).
 - Retention: the callback owns it (the Trainer's `save_total_limit` is taken over and set to None,
   because the Trainer's rotation would count incomplete checkpoints and could delete complete
   ones); it keeps `save_total_limit` if the user set one, else CHECKPOINT_MAX_CHECKPOINTS.
@@ -31,6 +35,7 @@ answer. What is HF's own:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -59,6 +64,7 @@ from ..generations import newest_first
 from ..protocol import Checkpointer, Report, SaveResult, TierCommit
 from ..protocol.resume import same_world_size
 from ..stop import JitStop, StopOwner, exit_code
+from ..stop.process_end import end_process
 from ..storage import LocalTier, Tier, persistent_tier
 from ..torch.dcp import hash_files
 from .kubeflow import guard_kubeflow_callbacks
@@ -186,6 +192,9 @@ class KubeckptCallback(TrainerCallback):
         self._in_flight: _HFSave | None = None  # the save whose copies the next update waits for
         self.rank, self.world_size = 0, 1
         self.stopped = False  # a JIT save happened and training was stopped
+        # Zero-code mode: the process ends once train() is done after a stop (ended_by_stop).
+        self.exit_on_stop = False
+        self._warned_returned = False
         self._hf_trainer: Any = None  # set by kubeckpt_trainer
         self.resumed_from: str | None = None
         # A download to drop once training runs: (tier, step, generation).
@@ -340,6 +349,28 @@ class KubeckptCallback(TrainerCallback):
         counting the preempted pod a success."""
         return exit_code(self.stopped)
 
+    def ended_by_stop(self) -> None:
+        """The Trainer's training has returned. After a just-in-time stop (saved or not), zero-code
+        mode ends the process here with `exit_code`, on every rank (each returns from the same
+        agreed stop). Nothing happens after a run that finished, or in library mode."""
+        if self.stopped and self.exit_on_stop:
+            end_process(self.exit_code)
+
+    def _warn_returning(self, step: int) -> None:
+        """Library mode: `train()` returns after a stop, and the script's next line is its own.
+        Said once, as it returns (nothing of ours sees that code before it runs), with what to do;
+        also for a callback added by hand, which has no `train()` of ours around it."""
+        if self._warned_returned:
+            return
+        self._warned_returned = True
+        log.warning(
+            "kubeckpt: train() returns because training was stopped for preemption at step %d; "
+            "training did not finish. Exit now, before any code that assumes a finished model: "
+            "`if trainer.kubeckpt.stopped: sys.exit(trainer.kubeckpt.exit_code)` (exit code %d)",
+            step,
+            self.exit_code,
+        )
+
     def on_train_end(self, args, state, control, **kwargs):
         ckpt, stop = self.ckpt, self.stop
         if ckpt is None or stop is None:
@@ -355,6 +386,8 @@ class KubeckptCallback(TrainerCallback):
         self._hooks = []
         self._close_groups(stop.watcher is None or not stop.watcher.is_alive())
         self.ckpt = self.stop = None
+        if self.stopped and not self.exit_on_stop:
+            self._warn_returning(state.global_step)
 
     def _close_groups(self, watcher_ended: bool = True) -> None:
         for comm in (self.comm, self.io, self.ctl):
@@ -613,12 +646,19 @@ class KubeckptCallback(TrainerCallback):
             self.stop.finish(step, result)
 
 
-def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
+def kubeckpt_trainer(
+    trainer: Any, config: Config | None = None, *, exit_on_stop: bool = False
+) -> Any:
     """Attach kubeckpt to a built Trainer, in one line: `trainer = kubeckpt_trainer(Trainer(...))`.
 
     Adds the callback (from the environment unless `config` is given), points `output_dir` at
     CHECKPOINT_URI, and makes `trainer.train()` resume from the newest complete checkpoint when
     CHECKPOINT_RESUME is on and no `resume_from_checkpoint` was passed.
+
+    After a just-in-time stop `train()` returns (`trainer.kubeckpt.stopped`; the script exits
+    with `trainer.kubeckpt.exit_code`), with a warning. `exit_on_stop` (zero-code mode, whose
+    script knows nothing of kubeckpt) instead ends the process with that exit code as soon as the
+    Trainer's training loop returns, so that no code after `train()` runs on the partial model.
 
     Idempotent: a trainer that already has kubeckpt attached (zero-code mode attaches it from
     `Trainer.__init__`, and the script may call this again) is returned unchanged, so there is
@@ -631,6 +671,7 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
     callback.adopt(trainer.args)
     trainer.kubeckpt = callback
     callback._hf_trainer = trainer
+    callback.exit_on_stop = exit_on_stop
     guard_kubeflow_callbacks(trainer, lambda: callback.stopped)
     if callback.config.enabled:
         _install_async_save(trainer, callback)
@@ -642,10 +683,33 @@ def kubeckpt_trainer(trainer: Any, config: Config | None = None) -> Any:
             resume_from_checkpoint = callback.restore()
         callback.resumed_from = resume_from_checkpoint
         check_resume(trainer, resume_from_checkpoint)  # another world size: exact, or an error
-        return train(resume_from_checkpoint, *args, **kwargs)
+        output = train(resume_from_checkpoint, *args, **kwargs)
+        callback.ended_by_stop()  # zero-code: reached after a stop only without the loop
+        return output
 
     trainer.train = train_with_resume
+    if exit_on_stop:
+        _end_after_training_loop(trainer, callback)
     return trainer
+
+
+def _end_after_training_loop(trainer: Any, callback: KubeckptCallback) -> None:
+    """End the process where the Trainer's own training loop returns after a stop: every
+    callback's `on_train_end` has run and the hub push in flight is waited for, and nothing
+    after it has, not even a Trainer subclass's `train()` override that saves or pushes the
+    "final" model after `super().train()` (trl's SFTTrainer did). A Trainer without the loop
+    (another transformers) ends where `train()` returns instead."""
+    inner = getattr(trainer, "_inner_training_loop", None)
+    if not callable(inner):
+        return
+
+    @functools.wraps(inner)  # accelerate's find_executable_batch_size reads the signature
+    def training_loop(*args: Any, **kwargs: Any) -> Any:
+        output = inner(*args, **kwargs)
+        callback.ended_by_stop()
+        return output
+
+    trainer._inner_training_loop = training_loop
 
 
 def _install_async_save(trainer: Any, callback: KubeckptCallback) -> None:

@@ -13,6 +13,9 @@ Read top to bottom, as a stop runs:
     jit.py       JitStop.close: the signals given back (ignored now), a late request answered;
                  the process exits with `exit_code`, 143 (PREEMPTED_EXIT_CODE) after a stop, so
                  that the job is restarted
+    process_end.py  zero-code mode: that exit happens where the Trainer's training returns, so
+                 the script's code after `train()` (it assumes training finished) never runs;
+                 a script that adopted kubeckpt itself gets the return and exits itself
 
 The request, done and failed file names are the pod's contract (contract/env.py).
 """

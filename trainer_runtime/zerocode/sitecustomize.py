@@ -11,11 +11,13 @@ What it does:
   `trainer_runtime.hf.kubeckpt_trainer(self)`: the callback, output_dir at CHECKPOINT_URI and
   auto-resume. The finder then takes itself off sys.meta_path.
 
-- After a just-in-time stop of an attached Trainer: the process exits 143 instead of the script's
-  0 (the callback's `exit_code`, trainer_runtime/stop/jit.py), so that the job controller
-  restarts the job rather than take the preempted pod for a success. An atexit handler
-  registered here, before the script runs, runs last of all: the script's own handlers, threads
-  and output are done by then.
+- After a just-in-time stop of an attached Trainer: the process ends with 143 where the
+  Trainer's training loop returns (`kubeckpt_trainer(..., exit_on_stop=True)`,
+  trainer_runtime/stop/process_end.py), so that the script's code after `train()`, which assumes
+  training finished (a "final" save_model, a DONE marker), never runs on the partial model, and
+  the job controller restarts the job rather than take the preempted pod for a success. An atexit
+  handler registered here, before the script runs, runs last of all and gives the same exit code
+  to a process that got past that point anyway (`train()` raised after the stop).
 
 It imports only the standard library and never torch or transformers: a script that does not
 import transformers runs exactly as without it. Any failure inside the hook prints one warning to
@@ -52,7 +54,7 @@ def _attach(trainer):
     try:
         from trainer_runtime.hf import kubeckpt_trainer
 
-        kubeckpt_trainer(trainer)
+        kubeckpt_trainer(trainer, exit_on_stop=True)
         callback = getattr(trainer, "kubeckpt", None)
         if callback is not None:
             _attached.append(callback)

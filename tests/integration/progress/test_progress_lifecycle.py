@@ -68,6 +68,11 @@ async def test_replaced_pod_restart_gauges_and_completion(
         assert f'kubeckpt_training_step{{job="life",namespace="{ns}"}} 41.0' in text, text
     before = event_counts(kwok, ns, "life")
     assert before.get("CheckpointSaved") == 1, before
+    # The same Events on the TrainingProgress, where `kubectl describe tp` shows them.
+    on_tp = event_counts(kwok, ns, "life", kind="TrainingProgress")
+    assert (on_tp.get("CheckpointSaved"), on_tp.get("Resumed")) == (1, 1), on_tp
+    described = kwok.kubectl("describe", "tp", "life", "-n", ns).stdout
+    assert "Resumed" in described[described.index("Events:") :], described
 
     # A restarted controller reads the same file and stored status: no new Events.
     async with running_controller(client) as ctrl2:
@@ -76,6 +81,7 @@ async def test_replaced_pod_restart_gauges_and_completion(
         assert len(writes) <= 1, writes  # lastPollTime is not a change on its own
         await asyncio.sleep(1.0)
         assert event_counts(kwok, ns, "life") == before
+        assert event_counts(kwok, ns, "life", kind="TrainingProgress") == on_tp
 
         # The container terminates with the final record in its termination message; the
         # operator marks the job Succeeded: Completed, once.

@@ -3,7 +3,9 @@ unmodified scripts run with the hook on PYTHONPATH as the webhook sets it.
 
 The HF script (zerocode_job.py: tiny Llama, LoRA through peft, no kubeckpt import) under torchrun
 with 2 ranks: progress appears, SIGTERM to one rank makes both save at the same step and exit 143
-(so that a job controller restarts the job; torchrun then reports its workers failed), the restart
+(so that a job controller restarts the job; torchrun then reports its workers failed) before the
+script's code after `train()` runs on either rank (test_stop_ends_script.py: the same, with a
+"final" marker, single process and in library mode), the restart
 resumes at that step by itself, and the LoRA parameters and loss history equal an
 uninterrupted run's. Scripts that never import transformers run unchanged; an existing
 sitecustomize still runs; with CHECKPOINT_ENABLED off nothing is attached.
@@ -190,14 +192,18 @@ def test_unmodified_peft_script_saves_on_sigterm_and_resumes_exactly(
     first = _start(_torchrun(status, root / "out", 0.3), env, tmp_path / "first.log", tmp_path)
     wait_for_step(root / "progress.json", 3, first, timeout=240)  # progress appears
     os.kill(int((status / "pid-1").read_text()), signal.SIGTERM)  # rank 1 only
-    # Each rank exits 143 after the just-in-time save (the script itself returned 0), and
-    # torchrun, its workers failed, exits non-zero: what makes the operator restart the job.
+    # Each rank exits 143 after the just-in-time save, where train() ends (the script's code
+    # after it never runs), and torchrun, its workers failed, exits non-zero: what makes the
+    # operator restart the job.
     assert finish(first, timeout=240) != 0, tail(tmp_path / "first.log")
     assert re.search(r"exitcode\s*:\s*143", tail(tmp_path / "first.log")), tail(
         tmp_path / "first.log"
     )
 
-    stopped = [json.loads((status / f"stopped-{r}.json").read_text())["step"] for r in (0, 1)]
+    # The step each rank's Trainer ended at, recorded inside train(); nothing after it ran.
+    stopped = [json.loads((status / f"train-end-{r}.json").read_text())["step"] for r in (0, 1)]
+    assert not [p.name for p in status.glob("stopped-*")], tail(tmp_path / "first.log")
+    assert not (status / "final.pt").exists() and not (status / "history.json").exists()
     assert stopped[0] == stopped[1] and 3 <= stopped[0] < STEPS, stopped
     step = stopped[0]
     ckpt_root = root / "ckpt"
@@ -218,7 +224,6 @@ def test_unmodified_peft_script_saves_on_sigterm_and_resumes_exactly(
     assert json.loads((root / "progress.json").read_text())["step"] == step
     # The Trainer creates its output_dir while constructed; nothing is written there after.
     assert not any((root / "out").iterdir()), "output_dir was not moved to CHECKPOINT_URI"
-    (status / "final.pt").unlink()  # the stopped run's; the resumed run writes the one compared
 
     second = _start(_torchrun(status, root / "out", 0.0), env, tmp_path / "second.log", tmp_path)
     assert finish(second, timeout=240) == 0, tail(tmp_path / "second.log")

@@ -2,8 +2,10 @@
 
 It knows nothing of kubeckpt: zero-code mode must attach checkpointing to it from the outside
 (test_zerocode.py runs it under torchrun with the hook on PYTHONPATH). For the test it writes each
-rank's pid (so one rank can be signalled) and the step it stopped at; rank 0 also writes the
-trainable (LoRA) parameters and the Trainer's loss history.
+rank's pid (so one rank can be signalled) and, from inside `train()`, the step the Trainer ended
+at (`train-end-<rank>.json`). After `train()`, its end-of-training code, which a preempted run
+never reaches in zero-code mode: each rank writes `stopped-<rank>.json`, rank 0 the trainable
+(LoRA) parameters and the Trainer's loss history.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ from transformers import (
 
 
 class Sleep(TrainerCallback):
-    """Slows steps down so that a signal lands mid-epoch."""
+    """Slows steps down so that a signal lands mid-epoch; records the step the Trainer ended at."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, status_dir: Path, rank: int) -> None:
         self.seconds = seconds
+        self.end_file = status_dir / f"train-end-{rank}.json"
 
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(self.seconds)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.end_file.write_text(json.dumps({"step": state.global_step}))
 
 
 def main() -> None:
@@ -83,7 +89,10 @@ def main() -> None:
         disable_tqdm=True,
     )
     trainer = Trainer(
-        model=model, args=args, train_dataset=TokenDataset(), callbacks=[Sleep(a.sleep)]
+        model=model,
+        args=args,
+        train_dataset=TokenDataset(),
+        callbacks=[Sleep(a.sleep, a.status_dir, rank)],
     )
     trainer.train()
     (a.status_dir / f"stopped-{rank}.json").write_text(

@@ -62,11 +62,12 @@ FAKE_RUNTIME = """
 import os
 CALLS = []
 
-def kubeckpt_trainer(trainer):
+def kubeckpt_trainer(trainer, exit_on_stop=False):
     if os.environ.get("FAKE_FAIL"):
         raise RuntimeError("attach failed")
     CALLS.append(trainer.name)
-    trainer.kubeckpt = "attached"
+    # Zero-code mode ends the process after a stop: the hook must ask for that.
+    trainer.kubeckpt = "attached" if exit_on_stop else "attached, train() returns after a stop"
     return trainer
 """
 SCRIPT = """
