@@ -287,16 +287,21 @@ async def test_same_named_pytorchjob_and_trainjob_get_a_progress_each(
                 )
             assert pt["status"]["observedPod"] == "llama-master-0"
             assert tj["status"]["observedPod"] == "llama-node-0-0"
-            named = [
-                e["message"]
+            named = sorted(
+                (e["involvedObject"]["kind"], e["involvedObject"]["name"], e["message"])
                 for e in json.loads(kwok.kubectl("get", "events", "-n", ns, "-o", "json").stdout)[
                     "items"
                 ]
                 if e["reason"] == "TrainingProgressName"
-            ]
-            assert named == [
+            )
+            # Once on the TrainJob and once on its TrainingProgress (`kubectl describe tp`).
+            message = (
                 "this TrainJob's TrainingProgress is llama-trainjob: llama belongs to another "
                 "job of the same name"
+            )
+            assert named == [
+                ("TrainJob", "llama", message),
+                ("TrainingProgress", "llama-trainjob", message),
             ], named
             # Each is written from its own pod only.
             write_atomic(tj_path, progress(51))
