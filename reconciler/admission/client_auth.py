@@ -13,8 +13,6 @@ stay open to clients without a certificate.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
@@ -23,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..pki import CertificateError
+from .mounted_files import PolledFiles
 from .serving_tls import ServingTLS
 
 log = logging.getLogger(__name__)
@@ -81,7 +79,7 @@ class ClientCertAuth:
         return guarded
 
 
-class ClientCAFile:
+class ClientCAFile(PolledFiles):
     """Loads a PEM CA bundle from `path` into `tls` and reloads it when its contents change
     (polled: a mounted ConfigMap or Secret is replaced by a symlink swap, which a read of the path
     follows). A missing or unusable file keeps the bundle in force; before the first good read
@@ -90,11 +88,9 @@ class ClientCAFile:
     def __init__(
         self, path: str | os.PathLike[str], tls: ServingTLS, *, poll_interval: float = 5.0
     ):
+        super().__init__(poll_interval)
         self.path = Path(path)
         self.tls = tls
-        self.poll_interval = poll_interval
-        self._seen: bytes | None = None
-        self.last_error: str | None = None
 
     def load_once(self) -> bool:
         """True when a new bundle was loaded."""
@@ -103,25 +99,6 @@ class ClientCAFile:
         except OSError as e:
             self._note_error(f"cannot read the client CA bundle {self.path}: {e}")
             return False
-        digest = hashlib.sha256(data).digest()
-        if digest == self._seen:
-            return False
-        self._seen = digest
-        try:
-            changed = self.tls.load_client_ca(data)
-        except CertificateError as e:
-            self._note_error(f"client CA bundle {self.path} not loaded: {e}")
-            return False
-        self.last_error = None
-        return changed
-
-    def _note_error(self, message: str) -> None:
-        if message != self.last_error:
-            log.warning("%s", message)
-        self.last_error = message
-
-    async def run(self) -> None:
-        """Poll until cancelled."""
-        while True:
-            self.load_once()
-            await asyncio.sleep(self.poll_interval)
+        return self._load_if_new(
+            data, lambda: self.tls.load_client_ca(data), f"client CA bundle {self.path}"
+        )

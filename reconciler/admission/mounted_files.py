@@ -26,6 +26,7 @@ import asyncio
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ..pki import CertificateError
@@ -34,7 +35,45 @@ from .serving_tls import ServingTLS
 log = logging.getLogger(__name__)
 
 
-class FileCertSource:
+class PolledFiles:
+    """What every polled file source shares: a change is a change of the contents' hash (a touch
+    is no reload), a load that fails keeps what is loaded, and one error is logged once however
+    often the poll sees it."""
+
+    def __init__(self, poll_interval: float) -> None:
+        self.poll_interval = poll_interval
+        self._seen: bytes | None = None  # hash of the last contents looked at, loadable or not
+        self.last_error: str | None = None
+
+    def load_once(self) -> bool:
+        raise NotImplementedError
+
+    def _load_if_new(self, contents: bytes, load: Callable[[], bool], what: str) -> bool:
+        digest = hashlib.sha256(contents).digest()
+        if digest == self._seen:
+            return False
+        self._seen = digest
+        try:
+            changed = load()
+        except CertificateError as e:
+            self._note_error(f"{what} not loaded: {e}")
+            return False
+        self.last_error = None
+        return changed
+
+    def _note_error(self, message: str) -> None:
+        if message != self.last_error:
+            log.warning("%s", message)
+        self.last_error = message
+
+    async def run(self) -> None:
+        """Poll until cancelled."""
+        while True:
+            self.load_once()
+            await asyncio.sleep(self.poll_interval)
+
+
+class FileCertSource(PolledFiles):
     """Loads `tls.crt`/`tls.key` (and `ca.crt` if present) from `directory` into `tls`, and keeps
     reloading them when they change while `run()` runs."""
 
@@ -48,12 +87,10 @@ class FileCertSource:
         key_file: str = "tls.key",
         ca_file: str = "ca.crt",
     ) -> None:
+        super().__init__(poll_interval)
         self.directory = Path(directory)
         self.tls = tls if tls is not None else ServingTLS()
-        self.poll_interval = poll_interval
         self.cert_file, self.key_file, self.ca_file = cert_file, key_file, ca_file
-        self._seen: bytes | None = None  # hash of the last contents looked at, loadable or not
-        self.last_error: str | None = None
 
     def _read(self) -> tuple[bytes, bytes, bytes | None]:
         base = self.directory
@@ -77,25 +114,8 @@ class FileCertSource:
         except OSError as e:
             self._note_error(f"cannot read certificate files in {self.directory}: {e}")
             return False
-        digest = hashlib.sha256(b"\0".join((cert, key, ca or b""))).digest()
-        if digest == self._seen:
-            return False
-        self._seen = digest
-        try:
-            changed = self.tls.load(cert, key, ca or None)
-        except CertificateError as e:
-            self._note_error(f"certificate files in {self.directory} not loaded: {e}")
-            return False
-        self.last_error = None
-        return changed
-
-    def _note_error(self, message: str) -> None:
-        if message != self.last_error:
-            log.warning("%s", message)
-        self.last_error = message
-
-    async def run(self) -> None:
-        """Poll until cancelled."""
-        while True:
-            self.load_once()
-            await asyncio.sleep(self.poll_interval)
+        return self._load_if_new(
+            b"\0".join((cert, key, ca or b"")),
+            lambda: self.tls.load(cert, key, ca or None),
+            f"certificate files in {self.directory}",
+        )
