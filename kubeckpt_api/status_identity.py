@@ -24,8 +24,9 @@ MAX_NAME_LENGTH = 253  # a DNS subdomain, what metadata.name of a custom resourc
 
 def job_ref(tp: Mapping[str, Any]) -> tuple[JobKind, str] | None:
     """(kind, job name) from a TrainingProgress's spec.jobRef, when the kind is one we serve and
-    the apiVersion is of its group; None otherwise."""
-    ref = (tp.get("spec") or {}).get("jobRef") or {}
+    the apiVersion is of its group; None otherwise (never raises: informers index with it)."""
+    spec = tp.get("spec")
+    ref = spec.get("jobRef") if isinstance(spec, Mapping) else None
     if not isinstance(ref, Mapping):
         return None
     kind = job_kind(str(ref.get("kind", "")))

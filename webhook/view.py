@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from kubeckpt_api.jobkinds import JobIdentity, JobKind, job_kind
+from kubeckpt_api.jobkinds import JobIdentity, JobKind
+from kubeckpt_api.status_identity import job_ref, owner_uid
 
 JOB_REF_INDEX = "jobRef"
 
@@ -36,27 +37,11 @@ def job_ref_key(namespace: str, kind: JobKind, name: str) -> str:
 
 def job_ref_index(tp: Mapping[str, Any]) -> list[str]:
     """The informer index of TrainingProgress by spec.jobRef: one key when the reference names a
-    kind we serve, by an apiVersion of its group; none otherwise (never raises)."""
-    spec, meta = tp.get("spec"), tp.get("metadata")
-    ref = spec.get("jobRef") if isinstance(spec, Mapping) else None
-    if not isinstance(ref, Mapping) or not isinstance(meta, Mapping):
+    kind we serve, by an apiVersion of its group (`status_identity.job_ref`); none otherwise."""
+    ref, meta = job_ref(tp), tp.get("metadata")
+    if ref is None or not isinstance(meta, Mapping):
         return []
-    kind = job_kind(ref.get("kind")) if isinstance(ref.get("kind"), str) else None
-    name, api_version = ref.get("name"), ref.get("apiVersion")
-    if kind is None or not isinstance(name, str) or not name or not isinstance(api_version, str):
-        return []
-    if api_version.rpartition("/")[0] != kind.group:
-        return []
-    return [job_ref_key(str(meta.get("namespace", "")), kind, name)]
-
-
-def _controller_uid(tp: Mapping[str, Any]) -> str | None:
-    refs = (tp.get("metadata") or {}).get("ownerReferences")
-    for ref in refs if isinstance(refs, list) else ():
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            uid = ref.get("uid")
-            return uid if isinstance(uid, str) else None
-    return None
+    return [job_ref_key(str(meta.get("namespace", "")), *ref)]
 
 
 def choose_progress(
@@ -67,7 +52,7 @@ def choose_progress(
     forger, sizes nothing), else the first by name."""
     found = sorted(candidates, key=lambda tp: str((tp.get("metadata") or {}).get("name", "")))
     if job_uid is not None:
-        found = [tp for tp in found if _controller_uid(tp) == job_uid]
+        found = [tp for tp in found if owner_uid(tp) == job_uid]
     return found[0] if found else None
 
 

@@ -89,3 +89,10 @@ def test_the_index_keys_kind_group_and_name() -> None:
     assert view.progress("team-a", JobIdentity(PYTORCHJOB, "llama"), PT_UID) is PT_TP
     assert view.progress("team-a", JobIdentity(TRAINJOB, "llama")) is TJ_TP
     assert view.progress("team-b", JobIdentity(TRAINJOB, "llama")) is None
+
+
+@pytest.mark.parametrize("spec", [None, [], "llama", 7])
+def test_records_whose_spec_is_not_an_object_are_not_indexed(spec: object) -> None:
+    tp = {**PT_TP, "spec": spec}
+    assert job_ref_index(tp) == []
+    assert grace(PT_POD, tp) == 600
