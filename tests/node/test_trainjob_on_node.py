@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -229,6 +230,31 @@ def complete(cluster: LocalCluster, ns: str, job: str) -> bool:
 
 def logs(cluster: LocalCluster, ns: str, pod: str, *extra: str) -> str:
     return cluster.kubectl("logs", pod, "-n", ns, "-c", "node", *extra, check=False).stdout
+
+
+def follow_logs(cluster: LocalCluster, ns: str, pod: str) -> subprocess.Popen[str]:
+    """`kubectl logs -f` of a pod's node container: the whole log, even once the pod is gone."""
+    assert cluster.binaries is not None
+    kubectl = [str(cluster.binaries.kubectl), "--kubeconfig", str(cluster.kubeconfig)]
+    proc = subprocess.Popen(
+        [*kubectl, "logs", "-f", pod, "-n", ns, "-c", "node"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    return proc
+
+
+def victim_exit(proc: subprocess.Popen[str], timeout: float = 300) -> dict:
+    """The exit record (step, stopped, resumed_from) rank 0 printed before its pod ended."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    m = re.search(r'\[rank 0\] (\{"step".*\})', out)
+    assert m, f"rank 0 printed no exit record: {out[-2000:]}"
+    return json.loads(m.group(1))
 
 
 def job_logs(cluster: LocalCluster, ns: str, job: str) -> str:
@@ -444,6 +470,8 @@ def test_hf_train_func_trainjob_preempted_by_pod_deletion(
     assert f"KubeflowCallback active: {gate}" in out, out[-2000:]
 
     # Preempted by deleting rank 0's pod: the Job replaces it at once, while it still saves.
+    # Its log, followed from before the deletion, names the step it stopped at.
+    victim_log = follow_logs(cluster, ns, first["metadata"]["name"])
     cluster.kubectl("delete", "pod", first["metadata"]["name"], "-n", ns, "--wait=false")
     resumed = wait_for(
         lambda: (
@@ -464,10 +492,15 @@ def test_hf_train_func_trainjob_preempted_by_pod_deletion(
         )
     step = int(resumed.group(1))
     ckpts = checkpoints(volume, ns, job)
-    assert step % 20 != 0, f"resumed from a periodic checkpoint {step}, not the JIT one ({ckpts})"
+    stopped = victim_exit(victim_log)
+    assert stopped["stopped"] is True, stopped
+    # Resumed at exactly the victim's last step: its JIT save, or the periodic one when the stop
+    # fell on a save_steps boundary (that step was durable already, so nothing was saved twice).
+    assert step == stopped["step"], f"stopped at {stopped['step']}, resumed from {step} ({ckpts})"
     assert sorted(s for s, ok in ckpts.items() if ok)[-1] == 80  # the final save
     assert len([s for s, ok in ckpts.items() if ok]) <= 2  # save_total_limit=2
-    assert "JITCheckpoint" in events(cluster, ns, job)
+    if step % 20:
+        assert "JITCheckpoint" in events(cluster, ns, job)
     obj = trainjob_obj(cluster, ns, job)
     managers = status_managers(obj)
     if gate:
