@@ -9,8 +9,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export PYTHONPATH := $(CURDIR)/hack$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
+PREPARE_FOR ?= all
 
-.PHONY: help venv binaries images lint format test test-unit test-lowest demo cluster-up cluster-down bench release clean
+.PHONY: help venv prepare binaries images lint format test test-unit test-lowest demo cluster-up cluster-down bench release clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -42,7 +43,12 @@ format: venv ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-test: venv binaries images lint test-lowest ## everything: lint, the lowest allowed versions, unit tests, tests on the local cluster and its real node
+prepare: ## venv, binaries and images side by side, with progress (PREPARE_FOR=demo builds only what the demo starts)
+	@$(PYTHON) hack/prepare.py --for $(PREPARE_FOR)
+
+test: ## everything: lint, the lowest allowed versions, unit tests, tests on the local cluster and its real node
+	@$(PYTHON) hack/prepare.py --for all
+	$(MAKE) --no-print-directory lint test-lowest
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-lowest: binaries ## the controller and CLI unit tests at the oldest dependency versions pyproject.toml allows
@@ -51,8 +57,9 @@ test-lowest: binaries ## the controller and CLI unit tests at the oldest depende
 test-unit: venv ## only the tests that need no control plane
 	$(PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
 
-demo: venv binaries images ## the add-on on a local cluster with a real node: inject, train, preempt, resume
-	$(PY) hack/demo.py $(DEMO_ARGS)
+demo: ## the add-on on a local cluster with a real node: inject, train, preempt, resume (first run: see the README)
+	@$(PYTHON) hack/prepare.py --for demo
+	KUBECKPT_BUILD_FOR=demo $(PY) hack/demo.py $(DEMO_ARGS)
 
 cluster-up: venv binaries images ## start the local cluster and its real node in the background (.cluster/kubeconfig; CLUSTER_ARGS=--kueue adds Kueue)
 	$(PY) -m localcluster start $(CLUSTER_ARGS)

@@ -3,8 +3,8 @@
 # modules at the versions pinned in hack/versions.env, and caches them under ~/.cache/kubeckpt/
 # (override with KUBECKPT_CACHE). A second run finds every binary in the cache and returns at once.
 #
-# Prints, as its last line, the path of an env file that names every binary (sourced by the Makefile
-# and read by tests/cluster). Usage: hack/build-binaries.sh [--print-env]
+# Prints, as its last line, the path of an env file that names every binary built (read by
+# hack/localcluster/binaries.py). Usage: hack/build-binaries.sh [--for demo|all] (default all)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,9 +39,7 @@ ensure_go() {
   local dir="$CACHE/go-$GO_TOOLCHAIN_VERSION"
   if [ ! -x "$dir/bin/go" ]; then
     if ! command -v curl >/dev/null || ! command -v unzip >/dev/null; then
-      if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq >&2 && apt-get install -y -qq curl unzip ca-certificates >&2
-      fi
+      apt_install build-binaries curl unzip ca-certificates || true
     fi
     command -v curl >/dev/null || die "curl is needed to fetch Go $GO_TOOLCHAIN_VERSION: apt-get install -y curl"
     command -v unzip >/dev/null || die "unzip is needed to unpack Go $GO_TOOLCHAIN_VERSION: apt-get install -y unzip"
@@ -368,51 +366,140 @@ build_kubernetes_kubectl() {
   touch "$out/.complete"
 }
 
+# What each purpose builds. demo: what `make demo` starts (the control plane, KWOK, the
+# training-operator, the real node: about half the cold build). all: everything the tests start
+# (Kubeflow Trainer and JobSet, Kueue, Prometheus, tmux).
+# Three lanes run at once: the Kubernetes builds (the longest), the other Go builds, the Debian
+# packages. Go's module and build caches are safe to share between concurrent builds; the overlap
+# hides downloads behind compiling, which a 2-core machine otherwise waits for.
+LANE_K8S=(kubernetes kubernetes_node kubectl)
+LANE_GO_DEMO=(etcd kwok training_operator coredns)
+LANE_GO_ALL=(jobset trainer kueue prometheus)
+LANE_APT_DEMO=(node_packages)
+LANE_APT_ALL=(test_packages)
+
+# Whether a step has nothing to do, for the plan line (each build checks again by itself).
+cached() {
+  case $1 in
+    kubernetes) done_stamp "$CACHE/kubernetes-$K8S_VERSION" ;;
+    kubernetes_node) done_stamp "$CACHE/kubernetes-node-$K8S_VERSION" ;;
+    kubectl) command -v kubectl >/dev/null 2>&1 || done_stamp "$CACHE/kubectl-$K8S_VERSION" ;;
+    etcd) done_stamp "$CACHE/etcd-$ETCD_VERSION" ;;
+    kwok) done_stamp "$CACHE/kwok-$KWOK_VERSION" ;;
+    training_operator) done_stamp "$CACHE/training-operator-$TRAINING_OPERATOR_VERSION" ;;
+    coredns) done_stamp "$CACHE/coredns-$COREDNS_VERSION" ;;
+    jobset) done_stamp "$CACHE/jobset-$JOBSET_VERSION" ;;
+    trainer) done_stamp "$CACHE/trainer-$TRAINER_VERSION" ;;
+    kueue) done_stamp "$CACHE/kueue-$KUEUE_VERSION" ;;
+    prometheus) done_stamp "$CACHE/prometheus-$PROMETHEUS_VERSION" ;;
+    node_packages) command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 ;;
+    test_packages) command -v tmux >/dev/null 2>&1 ;;
+    *) return 1 ;;
+  esac
+}
+
+plan_of() { # the steps of a lane that have work to do, comma-separated
+  local s todo=()
+  for s in "$@"; do cached "$s" || todo+=("$s"); done
+  (IFS=,; echo "${todo[*]}")
+}
+
+# One step: its function, announced with a start and an end line that hack/prepare.py follows.
+step() {
+  local name=$1 t0=$SECONDS
+  log "step $name: start"
+  if [ "$name" = kubectl ]; then
+    find_kubectl
+  elif declare -F "build_$name" >/dev/null; then
+    "build_$name"
+  else
+    "ensure_$name"
+  fi
+  log "step $name: done in $((SECONDS - t0)) s"
+}
+
+# A lane runs its steps in order in a subshell of its own, started in the background: errexit
+# stays in force there (it would not inside `if` or `||`), so a failed command ends the lane, and
+# the EXIT trap names the step that failed.
+lane() (
+  current=""
+  trap '[ $? = 0 ] || log "step ${current:-?}: FAILED"' EXIT
+  for current in "$@"; do
+    step "$current"
+  done
+)
+
+# The env file names every binary that is complete in the cache (a demo build names fewer; a test
+# that needs one it lacks gets MissingBinaries saying to rerun this script without --for demo).
+env_line() { # $1: key, $2: path, $3: the build directory whose .complete stamp vouches for it
+  done_stamp "$3" && echo "$1=$2"
+  return 0
+}
+
+write_env() {
+  local k="$CACHE/kubernetes-$K8S_VERSION" n="$CACHE/kubernetes-node-$K8S_VERSION"
+  local e="$CACHE/etcd-$ETCD_VERSION" w="$CACHE/kwok-$KWOK_VERSION"
+  local o="$CACHE/training-operator-$TRAINING_OPERATOR_VERSION" j="$CACHE/jobset-$JOBSET_VERSION"
+  local t="$CACHE/trainer-$TRAINER_VERSION" q="$CACHE/kueue-$KUEUE_VERSION"
+  local c="$CACHE/coredns-$COREDNS_VERSION" p="$CACHE/prometheus-$PROMETHEUS_VERSION"
+  env_line KUBECKPT_ETCD "$e/etcd" "$e"
+  env_line KUBECKPT_KUBE_APISERVER "$k/kube-apiserver" "$k"
+  env_line KUBECKPT_KUBE_CONTROLLER_MANAGER "$k/kube-controller-manager" "$k"
+  env_line KUBECKPT_KUBE_SCHEDULER "$k/kube-scheduler" "$k"
+  env_line KUBECKPT_KWOK "$w/kwok" "$w"
+  env_line KUBECKPT_KWOK_CRDS "$w/crds" "$w"
+  env_line KUBECKPT_KWOK_STAGES "$w/stages" "$w"
+  env_line KUBECKPT_TRAINING_OPERATOR "$o/training-operator.v1" "$o"
+  env_line KUBECKPT_TRAINING_OPERATOR_CRDS "$o/crds" "$o"
+  env_line KUBECKPT_JOBSET "$j/jobset-controller" "$j"
+  env_line KUBECKPT_JOBSET_MANIFESTS "$j" "$j"
+  env_line KUBECKPT_TRAINER "$t/trainer-controller-manager" "$t"
+  env_line KUBECKPT_TRAINER_MANIFESTS "$t" "$t"
+  env_line KUBECKPT_KUEUE "$q/kueue" "$q"
+  env_line KUBECKPT_KUEUE_MANIFESTS "$q" "$q"
+  echo "KUBECKPT_KUBECTL=$KUBECTL"
+  env_line KUBECKPT_KUBELET "$n/kubelet" "$n"
+  env_line KUBECKPT_KUBE_PROXY "$n/kube-proxy" "$n"
+  env_line KUBECKPT_COREDNS "$c/coredns" "$c"
+  env_line KUBECKPT_PROMETHEUS "$p/prometheus" "$p"
+}
+
 main() {
+  local purpose=all
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --for) purpose=${2:-}; shift 2 ;;
+      --for=*) purpose=${1#--for=}; shift ;;
+      --print-env) shift ;;
+      *) die "unknown argument $1 (usage: build-binaries.sh [--for demo|all])" ;;
+    esac
+  done
+  local go_steps=("${LANE_GO_DEMO[@]}") apt_steps=("${LANE_APT_DEMO[@]}")
+  case $purpose in
+    demo) ;;
+    all) go_steps+=("${LANE_GO_ALL[@]}"); apt_steps+=("${LANE_APT_ALL[@]}") ;;
+    *) die "--for takes demo or all, not '$purpose'" ;;
+  esac
   # One build at a time per cache (a test run and the demo may start together).
   exec 9>"$CACHE/.build.lock"
   if command -v flock >/dev/null 2>&1; then
     flock 9
   fi
   ensure_go
-  local start=$SECONDS
-  build_etcd
-  build_kwok
-  build_training_operator
-  build_jobset
-  build_trainer
-  build_kueue
-  build_kubernetes
-  build_kubernetes_node
-  build_coredns
-  build_prometheus
+  local start=$SECONDS pids=() failed=0 pid
+  log "plan: k8s=$(plan_of "${LANE_K8S[@]}") go=$(plan_of "${go_steps[@]}") apt=$(plan_of "${apt_steps[@]}")"
+  lane "${LANE_K8S[@]}" & pids+=($!)
+  lane "${go_steps[@]}" & pids+=($!)
+  lane "${apt_steps[@]}" & pids+=($!)
+  for pid in "${pids[@]}"; do
+    wait "$pid" || failed=1
+  done
+  [ "$failed" = 0 ] || die "a build failed: the step marked FAILED above says which"
   find_kubectl
-  ensure_node_packages
-  ensure_test_packages
   local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION-$PROMETHEUS_VERSION-$KUEUE_VERSION.env"
-  cat >"$envfile" <<EOF
-KUBECKPT_ETCD=$CACHE/etcd-$ETCD_VERSION/etcd
-KUBECKPT_KUBE_APISERVER=$CACHE/kubernetes-$K8S_VERSION/kube-apiserver
-KUBECKPT_KUBE_CONTROLLER_MANAGER=$CACHE/kubernetes-$K8S_VERSION/kube-controller-manager
-KUBECKPT_KUBE_SCHEDULER=$CACHE/kubernetes-$K8S_VERSION/kube-scheduler
-KUBECKPT_KWOK=$CACHE/kwok-$KWOK_VERSION/kwok
-KUBECKPT_KWOK_CRDS=$CACHE/kwok-$KWOK_VERSION/crds
-KUBECKPT_KWOK_STAGES=$CACHE/kwok-$KWOK_VERSION/stages
-KUBECKPT_TRAINING_OPERATOR=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/training-operator.v1
-KUBECKPT_TRAINING_OPERATOR_CRDS=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/crds
-KUBECKPT_JOBSET=$CACHE/jobset-$JOBSET_VERSION/jobset-controller
-KUBECKPT_JOBSET_MANIFESTS=$CACHE/jobset-$JOBSET_VERSION
-KUBECKPT_TRAINER=$CACHE/trainer-$TRAINER_VERSION/trainer-controller-manager
-KUBECKPT_TRAINER_MANIFESTS=$CACHE/trainer-$TRAINER_VERSION
-KUBECKPT_KUEUE=$CACHE/kueue-$KUEUE_VERSION/kueue
-KUBECKPT_KUEUE_MANIFESTS=$CACHE/kueue-$KUEUE_VERSION
-KUBECKPT_KUBECTL=$KUBECTL
-KUBECKPT_KUBELET=$CACHE/kubernetes-node-$K8S_VERSION/kubelet
-KUBECKPT_KUBE_PROXY=$CACHE/kubernetes-node-$K8S_VERSION/kube-proxy
-KUBECKPT_COREDNS=$CACHE/coredns-$COREDNS_VERSION/coredns
-KUBECKPT_PROMETHEUS=$CACHE/prometheus-$PROMETHEUS_VERSION/prometheus
-EOF
-  log "binaries ready in $((SECONDS - start)) s"
+  write_env >"$envfile.tmp"
+  mv "$envfile.tmp" "$envfile"
+  log "binaries for $purpose ready in $((SECONDS - start)) s"
   echo "$envfile"
 }
 

@@ -230,9 +230,17 @@ main() {
   done
   if [ ${#todo[@]} -gt 0 ]; then
     [ "$no_build" = 0 ] || die "not built: ${todo[*]}; run \`make images\` (hack/images/build.sh)"
+    # "plan" and "step NAME: start/done" lines: hack/prepare.py shows progress from them.
+    log "plan: images=image_tools,$(IFS=,; echo "${todo[*]}")"
+    log "step image_tools: start"
     ensure_tools
     setup_buildah
-    for n in "${todo[@]}"; do build "$n"; done
+    log "step image_tools: done"
+    for n in "${todo[@]}"; do
+      log "step $n: start"
+      build "$n"
+      log "step $n: done"
+    done
   fi
   for n in "${names[@]}"; do
     printf '%s %s\n' "${IMAGE[$n]}" "$(archive "$n")"

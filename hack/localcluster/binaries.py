@@ -6,6 +6,7 @@ import os
 import subprocess
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import NamedTuple
 
 HACK = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = HACK / "build-binaries.sh"
@@ -13,6 +14,15 @@ BUILD_SCRIPT = HACK / "build-binaries.sh"
 
 class MissingBinaries(RuntimeError):
     """The binaries are not built and could not be built here."""
+
+
+class TrainerBinaries(NamedTuple):
+    """Kubeflow Trainer v2 and JobSet (kubeflow_trainer.py): binaries and their module's manifests."""
+
+    jobset: Path
+    jobset_manifests: Path
+    trainer: Path
+    trainer_manifests: Path
 
 
 @dataclass(frozen=True)
@@ -26,32 +36,50 @@ class Binaries:
     kwok_stages: Path
     training_operator: Path
     training_operator_crds: Path
-    # Kubeflow Trainer v2 and JobSet (kubeflow_trainer.py): binaries and their module's manifests.
-    jobset: Path
-    jobset_manifests: Path
-    trainer: Path
-    trainer_manifests: Path
     kubectl: Path
     # The real node (hack/localcluster/node.py); containerd, runc and the CNI plugins come from
     # Debian's packages.
     kubelet: Path
     kube_proxy: Path
     coredns: Path
+    # Optional: what `build-binaries.sh --for demo` leaves out (the demo starts none of them), and
+    # what an env file written before a component was pinned lacks. The code that starts one asks
+    # for it with `require_*`, which raises MissingBinaries saying how to build it.
+    jobset: Path | None = None
+    jobset_manifests: Path | None = None
+    trainer: Path | None = None
+    trainer_manifests: Path | None = None
     # The monitoring test's Prometheus (tests/support/prometheus.py).
-    prometheus: Path
-    # Kueue (started on demand, localcluster/kueue.py): optional, so that an env file written
-    # before Kueue was pinned still serves every other test; a test that starts Kueue without it
-    # gets MissingBinaries then.
+    prometheus: Path | None = None
+    # Kueue (started on demand, localcluster/kueue.py).
     kueue: Path | None = None
     kueue_manifests: Path | None = None
 
+    def _require(self, *names: str) -> list[Path]:
+        paths = [getattr(self, n) for n in names]
+        missing = [n for n, p in zip(names, paths, strict=True) if p is None]
+        if missing:
+            keys = ", ".join("KUBECKPT_" + n.upper() for n in missing)
+            raise MissingBinaries(
+                f"the binaries env file names no {keys}: run `bash {BUILD_SCRIPT}` (it builds "
+                "everything the tests use; `--for demo` leaves this out)"
+            )
+        return paths
+
+    def require_trainer(self) -> TrainerBinaries:
+        """Trainer's and JobSet's binaries and manifests, or MissingBinaries."""
+        return TrainerBinaries(
+            *self._require("jobset", "jobset_manifests", "trainer", "trainer_manifests")
+        )
+
+    def require_prometheus(self) -> Path:
+        """Prometheus's binary, or MissingBinaries."""
+        return self._require("prometheus")[0]
+
     def require_kueue(self) -> tuple[Path, Path]:
         """Kueue's binary and its module's manifests, or MissingBinaries."""
-        if self.kueue is None or self.kueue_manifests is None:
-            raise MissingBinaries(
-                f"the binaries env file names no Kueue (KUBECKPT_KUEUE): rerun {BUILD_SCRIPT}"
-            )
-        return self.kueue, self.kueue_manifests
+        binary, manifests = self._require("kueue", "kueue_manifests")
+        return binary, manifests
 
     @classmethod
     def from_env_file(cls, path: Path) -> Binaries:
@@ -75,18 +103,25 @@ class Binaries:
         return cls(**found)
 
 
-def ensure_binaries(*, build: bool = True) -> Binaries:
+def ensure_binaries(*, build: bool = True, purpose: str | None = None) -> Binaries:
     """Return the binaries, building missing ones (a no-op in seconds when all are cached).
 
-    KUBECKPT_BINARIES_ENV may name an env file written by an earlier build to skip the script.
+    `purpose` (default: KUBECKPT_BUILD_FOR, else "all") is build-binaries.sh's `--for`: "demo"
+    builds only what the demo starts. KUBECKPT_BINARIES_ENV may name an env file written by an
+    earlier build to skip the script.
     """
     preset = os.environ.get("KUBECKPT_BINARIES_ENV")
     if preset:
         return Binaries.from_env_file(Path(preset))
     if not build:
         raise MissingBinaries(f"control-plane binaries not built: run {BUILD_SCRIPT}")
+    purpose = purpose or os.environ.get("KUBECKPT_BUILD_FOR") or "all"
     proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=None, text=True, check=False
+        ["bash", str(BUILD_SCRIPT), "--for", purpose],
+        stdout=subprocess.PIPE,
+        stderr=None,
+        text=True,
+        check=False,
     )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:

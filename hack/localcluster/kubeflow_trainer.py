@@ -135,8 +135,8 @@ class TrainerStack:
         c = self.cluster
         assert c.workdir is not None and c.binaries is not None
         d = c.workdir / "trainer"
-        files = sorted(c.binaries.jobset_manifests.glob("crds/*.yaml"))
-        files += sorted(c.binaries.trainer_manifests.glob("crds/*.yaml"))
+        files = sorted(c.binaries.require_trainer().jobset_manifests.glob("crds/*.yaml"))
+        files += sorted(c.binaries.require_trainer().trainer_manifests.glob("crds/*.yaml"))
         args = [
             "apply",
             "--server-side",
@@ -150,12 +150,12 @@ class TrainerStack:
             c.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
         ca_pem = (d / "ca.crt").read_bytes()
         hooks = webhooks_by_url(
-            self._render(c.binaries.jobset_manifests / "webhook"),
+            self._render(c.binaries.require_trainer().jobset_manifests / "webhook"),
             f"https://127.0.0.1:{c.ports['jobset_webhook']}",
             ca_pem,
         )
         hooks += webhooks_by_url(
-            self._render(c.binaries.trainer_manifests / "webhook"),
+            self._render(c.binaries.require_trainer().trainer_manifests / "webhook"),
             f"https://127.0.0.1:{c.ports['trainer_webhook']}",
             ca_pem,
         )
@@ -241,7 +241,7 @@ class TrainerStack:
             c._spawn(
                 "jobset",
                 [
-                    str(c.binaries.jobset),
+                    str(c.binaries.require_trainer().jobset),
                     f"--kubeconfig={c.kubeconfig}",
                     f"--config={d / 'jobset.yaml'}",
                     "--zap-log-level=info",
@@ -275,7 +275,7 @@ class TrainerStack:
             )
         )
         argv = [
-            str(c.binaries.trainer),
+            str(c.binaries.require_trainer().trainer),
             f"--kubeconfig={c.kubeconfig}",
             f"--config={d / 'trainer.yaml'}",
             f"--feature-gates={STATUS_GATE}={str(status_gate).lower()}",
@@ -341,7 +341,7 @@ class TrainerStack:
         c = self.cluster
         assert c.binaries is not None
         runtime = yaml.safe_load(
-            (c.binaries.trainer_manifests / "runtimes" / "torch_distributed.yaml").read_text()
+            (c.binaries.require_trainer().trainer_manifests / "runtimes" / "torch_distributed.yaml").read_text()
         )
         for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
             for ctr in rj["template"]["spec"]["template"]["spec"]["containers"]:

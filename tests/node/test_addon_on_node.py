@@ -454,7 +454,7 @@ def test_prometheus_scrapes_the_reconciler_and_the_dashboard_answers(
     )
     monitor = yaml.safe_load((component / "servicemonitor.yaml").read_text())
     assert cluster.binaries is not None
-    prom = Prometheus(cluster.binaries.prometheus, tmp_path / "prometheus")
+    prom = Prometheus(cluster.binaries.require_prometheus(), tmp_path / "prometheus")
     try:
         prom.start(
             [scrape_config(monitor, kubeconfig=cluster.kubeconfig, token_file=token, interval="2s")]

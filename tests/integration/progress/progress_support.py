@@ -110,7 +110,7 @@ def install_jobset_crd(cluster: LocalCluster) -> None:
     """JobSet's CRD from its module (as the Trainer stack installs it), without its controller."""
     assert cluster.binaries is not None
     args = ["apply", "--server-side", "--force-conflicts", "--field-manager=kubeckpt-tests"]
-    for f in sorted(cluster.binaries.jobset_manifests.glob("crds/*.yaml")):
+    for f in sorted(cluster.binaries.require_trainer().jobset_manifests.glob("crds/*.yaml")):
         args += ["-f", str(f)]
     cluster.kubectl(*args)
 

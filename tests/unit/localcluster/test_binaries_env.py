@@ -1,5 +1,6 @@
-"""Reading the binaries env file: every binary is required but Kueue's, so that an env file
-written before Kueue was pinned still serves the tests that do not start Kueue."""
+"""Reading the binaries env file: what the demo starts is required; the rest (Trainer and JobSet,
+Prometheus, Kueue) is optional, so that `build-binaries.sh --for demo` and an env file written
+before Kueue was pinned still serve what does not start them, and asked for where it starts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 
 from localcluster.binaries import Binaries, MissingBinaries
 
-REQUIRED = [f.upper() for f in Binaries.__dataclass_fields__ if not f.startswith("kueue")]
+OPTIONAL = ["JOBSET", "JOBSET_MANIFESTS", "TRAINER", "TRAINER_MANIFESTS", "PROMETHEUS"]
+OPTIONAL += ["KUEUE", "KUEUE_MANIFESTS"]
+REQUIRED = [f.upper() for f in Binaries.__dataclass_fields__ if f.upper() not in OPTIONAL]
 
 
 def _env(tmp_path: Path, names: list[str]) -> Path:
@@ -44,7 +47,19 @@ def test_a_named_binary_that_is_missing_is_refused(tmp_path: Path) -> None:
         Binaries.from_env_file(env)
 
 
-@pytest.mark.parametrize("missing", ["ETCD", "TRAINER", "PROMETHEUS"])
+def test_a_demo_env_file_reads_and_refuses_what_it_lacks(tmp_path: Path) -> None:
+    binaries = Binaries.from_env_file(_env(tmp_path, REQUIRED))
+    assert binaries.kubelet == tmp_path / "kubelet"
+    with pytest.raises(MissingBinaries, match="KUBECKPT_JOBSET.*KUBECKPT_TRAINER_MANIFESTS"):
+        binaries.require_trainer()
+    with pytest.raises(MissingBinaries, match="KUBECKPT_PROMETHEUS"):
+        binaries.require_prometheus()
+    full = Binaries.from_env_file(_env(tmp_path, [*REQUIRED, *OPTIONAL]))
+    assert full.require_trainer().trainer_manifests == tmp_path / "trainer_manifests"
+    assert full.require_prometheus() == tmp_path / "prometheus"
+
+
+@pytest.mark.parametrize("missing", ["ETCD", "KUBELET", "TRAINING_OPERATOR", "COREDNS"])
 def test_every_other_binary_is_required(tmp_path: Path, missing: str) -> None:
     env = _env(tmp_path, [n for n in REQUIRED if n != missing])
     with pytest.raises(MissingBinaries, match=f"KUBECKPT_{missing}"):
@@ -54,7 +69,8 @@ def test_every_other_binary_is_required(tmp_path: Path, missing: str) -> None:
 def test_the_build_script_writes_exactly_the_fields_read_here() -> None:
     hack = Path(__file__).resolve().parents[3] / "hack"
     script = (hack / "build-binaries.sh").read_text()
-    written = set(re.findall(r"^KUBECKPT_([A-Z_]+)=", script, flags=re.MULTILINE))
+    written = set(re.findall(r"^\s*env_line KUBECKPT_([A-Z_]+) ", script, flags=re.MULTILINE))
+    written |= set(re.findall(r'^\s*echo "KUBECKPT_([A-Z_]+)=', script, flags=re.MULTILINE))
     assert written == {f.upper() for f in Binaries.__dataclass_fields__}
     # The env file's name is keyed by every pinned version, Kueue's too.
     (name,) = re.findall(r'envfile="\$CACHE/binaries-(.*)\.env"', script)
