@@ -10,6 +10,9 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 export PYTHONPATH := $(CURDIR)/hack$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
 PREPARE_FOR ?= all
+DEMO_ARGS ?=
+# What `make demo` builds: the Kueue scenario needs Kueue too.
+DEMO_FOR := $(if $(findstring --kueue,$(DEMO_ARGS)),demo-kueue,demo)
 
 .PHONY: help venv prepare binaries images lint format test test-unit test-lowest demo cluster-up cluster-down bench release clean
 
@@ -57,9 +60,9 @@ test-lowest: binaries ## the controller and CLI unit tests at the oldest depende
 test-unit: venv ## only the tests that need no control plane
 	$(PY) -m pytest -m "not cluster" $(PYTEST_ARGS)
 
-demo: ## the add-on on a local cluster with a real node: inject, train, preempt, resume (first run: see the README)
-	@$(PYTHON) hack/prepare.py --for demo
-	KUBECKPT_BUILD_FOR=demo $(PY) hack/demo.py $(DEMO_ARGS)
+demo: ## the add-on on a local cluster with a real node: inject, train, preempt, resume (DEMO_ARGS=--kueue: Kueue preempts; first run: see the README)
+	@$(PYTHON) hack/prepare.py --for $(DEMO_FOR)
+	KUBECKPT_BUILD_FOR=$(DEMO_FOR) $(PY) hack/demo.py $(DEMO_ARGS)
 
 cluster-up: venv binaries images ## start the local cluster and its real node in the background (.cluster/kubeconfig; CLUSTER_ARGS=--kueue adds Kueue)
 	$(PY) -m localcluster start $(CLUSTER_ARGS)

@@ -4,7 +4,7 @@
 # (override with KUBECKPT_CACHE). A second run finds every binary in the cache and returns at once.
 #
 # Prints, as its last line, the path of an env file that names every binary built (read by
-# hack/localcluster/binaries.py). Usage: hack/build-binaries.sh [--for demo|all] (default all)
+# hack/localcluster/binaries.py). Usage: hack/build-binaries.sh [--for demo|demo-kueue|all] (default all)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -367,8 +367,9 @@ build_kubernetes_kubectl() {
 }
 
 # What each purpose builds. demo: what `make demo` starts (the control plane, KWOK, the
-# training-operator, the real node: about half the cold build). all: everything the tests start
-# (Kubeflow Trainer and JobSet, Kueue, Prometheus, tmux).
+# training-operator, the real node: about half the cold build); demo-kueue: that and Kueue
+# (`make demo DEMO_ARGS=--kueue`). all: everything the tests start (Kubeflow Trainer and JobSet,
+# Kueue, Prometheus, tmux).
 # Three lanes run at once: the Kubernetes builds (the longest), the other Go builds, the Debian
 # packages. Go's module and build caches are safe to share between concurrent builds; the overlap
 # hides downloads behind compiling, which a 2-core machine otherwise waits for.
@@ -471,14 +472,15 @@ main() {
       --for) purpose=${2:-}; shift 2 ;;
       --for=*) purpose=${1#--for=}; shift ;;
       --print-env) shift ;;
-      *) die "unknown argument $1 (usage: build-binaries.sh [--for demo|all])" ;;
+      *) die "unknown argument $1 (usage: build-binaries.sh [--for demo|demo-kueue|all])" ;;
     esac
   done
   local go_steps=("${LANE_GO_DEMO[@]}") apt_steps=("${LANE_APT_DEMO[@]}")
   case $purpose in
     demo) ;;
+    demo-kueue) go_steps+=(kueue) ;;
     all) go_steps+=("${LANE_GO_ALL[@]}"); apt_steps+=("${LANE_APT_ALL[@]}") ;;
-    *) die "--for takes demo or all, not '$purpose'" ;;
+    *) die "--for takes demo, demo-kueue or all, not '$purpose'" ;;
   esac
   # One build at a time per cache (a test run and the demo may start together).
   exec 9>"$CACHE/.build.lock"

@@ -15,7 +15,9 @@
    first resumed step) and PASS/FAIL (exit status 1 on FAIL).
 
 --fast runs a shorter job; --reference also runs an uninterrupted copy of the job and checks that
-the preempted run's final parameters are bitwise equal to it; --keep leaves the cluster up.
+the preempted run's final parameters are bitwise equal to it; --keep leaves the cluster up;
+--kueue runs the scenario in which Kueue preempts the job for a higher-priority one
+(hack/demo_kueue.py).
 """
 
 from __future__ import annotations
@@ -258,6 +260,223 @@ def logs(cluster: LocalCluster, pod: str) -> str:
     return cluster.kubectl("logs", pod, "-n", NAMESPACE, check=False).stdout
 
 
+def install_and_prepare(
+    cluster: LocalCluster,
+    checks: Checks,
+    work: Path,
+    save_steps: int,
+    *,
+    own: bool,
+    jobs: tuple[str, ...] = (JOB, REFERENCE),
+) -> Path:
+    """The add-on installed from config/local, and the opted-in namespace: a CheckpointPolicy, a
+    PVC on a host directory (returned), the HF-token-style Secret, the script's ConfigMap."""
+    step_title("installing the add-on as a user would: kubectl apply -k config/local")
+    say(f"\n$ kubectl apply -k config/local\n{kubeckpt_addon.install(cluster).rstrip()}")
+    show(cluster, "get", "deployments,pods", "-n", kubeckpt_addon.SYSTEM_NS, "-o", "wide")
+    show(cluster, "get", "lease", "kubeckpt-reconciler", "-n", kubeckpt_addon.SYSTEM_NS)
+    checks.check(True, "webhook (2 replicas) and reconciler (2, leader-elected) rolled out")
+
+    step_title(f"an opted-in namespace {NAMESPACE!r}: a CheckpointPolicy, a PVC, a Secret")
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    if not own:  # the test session's cluster: keep its local test webhook out of the demo
+        cluster.kubectl("label", "namespace", NAMESPACE, f"{ADDON_ONLY_LABEL}=true")
+    show(cluster, "label", "namespace", NAMESPACE, "kubeckpt.io/inject=enabled")
+    storage = work / "volume"
+    # The per-job directories the webhook's subPath names (the kubelet would create them
+    # root-owned; the training image runs as uid 1000).
+    for job in jobs:
+        d = storage / "runs" / NAMESPACE / job
+        d.mkdir(parents=True)
+        for p in (storage, storage / "runs", d.parent, d):
+            p.chmod(0o777)
+    cluster.apply(storage_objects(storage))
+    cluster.kubectl(
+        "create",
+        "secret",
+        "generic",
+        "hf-token",
+        "-n",
+        NAMESPACE,
+        "--from-literal=token=hf_demo_not_a_real_token",
+    )
+    cluster.kubectl(
+        "create",
+        "configmap",
+        "train",
+        "-n",
+        NAMESPACE,
+        f"--from-file=train.py={REPO / 'hack' / 'demo' / 'train.py'}",
+    )
+    say(
+        "   config/samples' policy, changed: no selector, storage pvc://checkpoints/runs, "
+        f"a checkpoint every {save_steps} steps, no local tier"
+    )
+    apply_shown(cluster, demo_policy(save_steps))
+    show(cluster, "get", "ckptpol,pvc,secret,configmap", "-n", NAMESPACE)
+
+    return storage
+
+
+def follow_until_half(
+    cluster: LocalCluster, checks: Checks, steps: int, step_seconds: float
+) -> None:
+    """`kubectl get tp -w` while the job trains past a periodic checkpoint and half its steps."""
+    step_title("progress with plain kubectl while it trains: kubectl get tp -n demo -w")
+    watch = Watch(cluster)
+    try:
+        # The reconciler polls every 15-30 s; the moment to preempt is taken from the progress
+        # file itself (what it reads), through the same exec.
+        wait_for(
+            lambda: (progress_file(cluster).get("checkpointing") or {}).get("latestCheckpoint"),
+            "a periodic checkpoint",
+            timeout=steps * step_seconds * 3 + 120,
+        )
+        wait_for(
+            lambda: (progress_file(cluster).get("step") or 0) >= steps // 2,
+            f"step {steps // 2}",
+            timeout=steps * step_seconds * 3 + 120,
+        )
+    finally:
+        watch.stop()
+    checks.check(
+        any(re.search(rf"tp -w \| {JOB}\s+{JOB}\s+Training\s+\d+", ln) for ln in _said),
+        "kubectl get tp -w followed the job",
+    )
+
+
+def report(cluster: LocalCluster, checks: Checks, t_start: float, *, keep: bool) -> int:
+    """Every check, PASS or FAIL, and the exit status; with `keep`, the cluster stays up until
+    Ctrl-C."""
+    wall = time.monotonic() - t_start
+    for ok, what in checks.results:
+        say(f"   {'PASS' if ok else 'FAIL'}  {what}")
+    say(f"\n{'PASS' if checks.passed else 'FAIL'}: kubeckpt demo in {wall:.0f} s")
+    if keep:
+        say(f"\nexport KUBECONFIG={cluster.kubeconfig}   (Ctrl-C stops the cluster)")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+    return 0 if checks.passed else 1
+
+
+def check_resumed(
+    cluster: LocalCluster,
+    checks: Checks,
+    first: dict[str, dict],
+    before: int,
+    storage: Path,
+    t_preempt: float,
+    title: str = "the operator recreates the pods; they resume",
+) -> tuple[int, float]:
+    """After a preemption: the job's pods come back (new UIDs), both ranks resume at exactly one
+    step, no earlier than `before`, from a complete checkpoint on the volume. Returns that step
+    and the seconds from `t_preempt` to the resumed run's first step."""
+    step_title(title)
+    uids = {p: first[p]["metadata"]["uid"] for p in PODS}
+    for p in PODS:
+        wait_pod(
+            cluster,
+            NAMESPACE,
+            p,
+            lambda pod, p=p: pod["metadata"]["uid"] != uids[p] and running(pod),
+            "recreated and running",
+            timeout=180,
+        )
+    resumed = {
+        p: wait_for(
+            lambda p=p: re.search(
+                r"resumed from (checkpoint-(\d+)) at step (\d+)", logs(cluster, p)
+            ),
+            f"{p} to restore",
+            timeout=120,
+        )
+        for p in PODS
+    }
+    t_resumed = time.monotonic() - t_preempt
+    jit = {p: int(m.group(3)) for p, m in resumed.items()}
+    jit_step = jit[PODS[0]]
+    show(cluster, "get", "pods", "-n", NAMESPACE)
+    checks.check(
+        len(set(jit.values())) == 1 and all(m.group(2) == m.group(3) for m in resumed.values()),
+        f"both ranks resumed at exactly one step: {jit}",
+    )
+    checks.check(jit_step >= before, f"no step lost: saved at {jit_step} >= {before}")
+    ckpt = storage / "runs" / NAMESPACE / JOB / f"checkpoint-{jit_step}"
+    checks.check(
+        (ckpt / "manifest.json").is_file(),
+        f"the just-in-time checkpoint is complete on the volume: .../{JOB}/{ckpt.name}",
+    )
+    return jit_step, t_resumed
+
+
+def check_finished(
+    cluster: LocalCluster, checks: Checks, steps: int, step_seconds: float, *, reference: bool
+) -> None:
+    """The job succeeds at its last step on both ranks; with `reference`, its final parameters
+    equal the uninterrupted copy's, bit for bit."""
+    step_title("training runs to the end")
+    wait_for(
+        lambda: job_condition(cluster, JOB, "Succeeded") == "True",
+        "the PyTorchJob to succeed",
+        timeout=steps * step_seconds * 4 + 180,
+    )
+    finals = {p: logs(cluster, p) for p in PODS}
+    for p, text in finals.items():
+        say(f"\n$ kubectl logs {p} -n {NAMESPACE} | tail -3")
+        say("\n".join(text.rstrip().splitlines()[-3:]))
+    checks.check(
+        all(f"finished at step {steps}" in t for t in finals.values()),
+        f"both ranks finished at step {steps}",
+    )
+    digest = re.search(r"final parameters sha256 (\w+)", finals[PODS[0]])
+    if reference:
+        wait_for(
+            lambda: job_condition(cluster, REFERENCE, "Succeeded") == "True",
+            "the reference job to succeed",
+            timeout=steps * step_seconds * 4 + 180,
+        )
+        ref = re.search(r"final parameters sha256 (\w+)", logs(cluster, f"{REFERENCE}-master-0"))
+        checks.check(
+            digest and ref and digest.group(1) == ref.group(1),
+            "final parameters bitwise equal to the uninterrupted run's "
+            f"(sha256 {digest.group(1)[:16] if digest else None}...)",
+        )
+
+
+def check_end_state(cluster: LocalCluster, checks: Checks, steps: int) -> dict:
+    """The TrainingProgress Completed at the last step, from the termination message; the
+    JITCheckpoint and Resumed Events once each, shown by `kubectl describe tp`. Returns it."""
+
+    def completed() -> dict | None:
+        st = tp_status(cluster)
+        return st if condition(st, "Completed") == "True" and st.get("step") == steps else None
+
+    st = wait_for(completed, "the TrainingProgress to be Completed", timeout=90)
+    reasons = [e["reason"] for e in job_events(cluster) for _ in range(e.get("count") or 1)]
+    checks.check(
+        reasons.count("JITCheckpoint") == 1 and reasons.count("Resumed") == 1,
+        f"Events JITCheckpoint x{reasons.count('JITCheckpoint')}, "
+        f"Resumed x{reasons.count('Resumed')} (once each)",
+    )
+    checks.check(
+        st.get("source") == "terminationMessage",
+        f"the final status read from the {st.get('source')}",
+    )
+
+    step_title("the end state")
+    show(cluster, "get", "pytorchjob,tp", "-n", NAMESPACE)
+    described = show(cluster, "describe", "tp", JOB, "-n", NAMESPACE)
+    events = described[described.find("Events:") :]
+    checks.check(
+        "JITCheckpoint" in events and "Resumed" in events,
+        "kubectl describe tp lists the JITCheckpoint and Resumed Events",
+    )
+    return st
+
+
 def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = None) -> int:
     """The demo; on `cluster` if given (the tests' session cluster), else on one of its own."""
     checks = Checks()
@@ -265,7 +484,6 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
     steps, step_seconds = (400, 0.1) if args.fast else (600, 0.15)
     save_steps = steps // 4
     own = cluster is None
-    watch: Watch | None = None
     if cluster is None:
         step_title(
             "starting the local cluster: control plane, training-operator, and a real node "
@@ -278,49 +496,7 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
     try:
         show(cluster, "get", "nodes", "-o", "wide")
 
-        step_title("installing the add-on as a user would: kubectl apply -k config/local")
-        say(f"\n$ kubectl apply -k config/local\n{kubeckpt_addon.install(cluster).rstrip()}")
-        show(cluster, "get", "deployments,pods", "-n", kubeckpt_addon.SYSTEM_NS, "-o", "wide")
-        show(cluster, "get", "lease", "kubeckpt-reconciler", "-n", kubeckpt_addon.SYSTEM_NS)
-        checks.check(True, "webhook (2 replicas) and reconciler (2, leader-elected) rolled out")
-
-        step_title(f"an opted-in namespace {NAMESPACE!r}: a CheckpointPolicy, a PVC, a Secret")
-        cluster.kubectl("create", "namespace", NAMESPACE)
-        if not own:  # the test session's cluster: keep its local test webhook out of the demo
-            cluster.kubectl("label", "namespace", NAMESPACE, f"{ADDON_ONLY_LABEL}=true")
-        show(cluster, "label", "namespace", NAMESPACE, "kubeckpt.io/inject=enabled")
-        storage = work / "volume"
-        # The per-job directories the webhook's subPath names (the kubelet would create them
-        # root-owned; the training image runs as uid 1000).
-        for job in (JOB, REFERENCE):
-            d = storage / "runs" / NAMESPACE / job
-            d.mkdir(parents=True)
-            for p in (storage, storage / "runs", d.parent, d):
-                p.chmod(0o777)
-        cluster.apply(storage_objects(storage))
-        cluster.kubectl(
-            "create",
-            "secret",
-            "generic",
-            "hf-token",
-            "-n",
-            NAMESPACE,
-            "--from-literal=token=hf_demo_not_a_real_token",
-        )
-        cluster.kubectl(
-            "create",
-            "configmap",
-            "train",
-            "-n",
-            NAMESPACE,
-            f"--from-file=train.py={REPO / 'hack' / 'demo' / 'train.py'}",
-        )
-        say(
-            "   config/samples' policy, changed: no selector, storage pvc://checkpoints/runs, "
-            f"a checkpoint every {save_steps} steps, no local tier"
-        )
-        apply_shown(cluster, demo_policy(save_steps))
-        show(cluster, "get", "ckptpol,pvc,secret,configmap", "-n", NAMESPACE)
+        storage = install_and_prepare(cluster, checks, work, save_steps, own=own)
 
         step_title("an unchanged PyTorchJob (hack/demo/pytorchjob.yaml): nothing of kubeckpt in it")
         apply_shown(cluster, demo_job(JOB, steps, step_seconds, tolerate=node.taint))
@@ -334,26 +510,7 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
         for p in PODS:
             show_injection(cluster, checks, p)
 
-        step_title("progress with plain kubectl while it trains: kubectl get tp -n demo -w")
-        watch = Watch(cluster)
-        # The reconciler polls every 15-30 s; the moment to preempt is taken from the progress
-        # file itself (what it reads), through the same exec.
-        wait_for(
-            lambda: (progress_file(cluster).get("checkpointing") or {}).get("latestCheckpoint"),
-            "a periodic checkpoint",
-            timeout=steps * step_seconds * 3 + 120,
-        )
-        wait_for(
-            lambda: (progress_file(cluster).get("step") or 0) >= steps // 2,
-            f"step {steps // 2}",
-            timeout=steps * step_seconds * 3 + 120,
-        )
-        watch.stop()
-        watch = None
-        checks.check(
-            any(re.search(rf"tp -w \| {JOB}\s+{JOB}\s+Training\s+\d+", ln) for ln in _said),
-            "kubectl get tp -w followed the job",
-        )
+        follow_until_half(cluster, checks, steps, step_seconds)
         show(cluster, "describe", "tp", JOB, "-n", NAMESPACE)
 
         step_title(f"preemption: kubectl drain evicts the job's pods from {node.name}")
@@ -374,96 +531,10 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
         show(cluster, "uncordon", node.name)
         say(f"   both pods gone {drained:.1f} s after the eviction (step {before} just before it)")
 
-        step_title("the operator recreates the pods; they resume")
-        uids = {p: first[p]["metadata"]["uid"] for p in PODS}
-        for p in PODS:
-            wait_pod(
-                cluster,
-                NAMESPACE,
-                p,
-                lambda pod, p=p: pod["metadata"]["uid"] != uids[p] and running(pod),
-                "recreated and running",
-                timeout=180,
-            )
-        resumed = {
-            p: wait_for(
-                lambda p=p: re.search(
-                    r"resumed from (checkpoint-(\d+)) at step (\d+)", logs(cluster, p)
-                ),
-                f"{p} to restore",
-                timeout=120,
-            )
-            for p in PODS
-        }
-        t_resumed = time.monotonic() - t_preempt
-        jit = {p: int(m.group(3)) for p, m in resumed.items()}
-        jit_step = jit[PODS[0]]
-        show(cluster, "get", "pods", "-n", NAMESPACE)
-        checks.check(
-            len(set(jit.values())) == 1 and all(m.group(2) == m.group(3) for m in resumed.values()),
-            f"both ranks resumed at exactly one step: {jit}",
-        )
-        checks.check(jit_step >= before, f"no step lost: saved at {jit_step} >= {before}")
-        ckpt = storage / "runs" / NAMESPACE / JOB / f"checkpoint-{jit_step}"
-        checks.check(
-            (ckpt / "manifest.json").is_file(),
-            f"the just-in-time checkpoint is complete on the volume: .../{JOB}/{ckpt.name}",
-        )
+        jit_step, t_resumed = check_resumed(cluster, checks, first, before, storage, t_preempt)
 
-        step_title("training runs to the end")
-        wait_for(
-            lambda: job_condition(cluster, JOB, "Succeeded") == "True",
-            "the PyTorchJob to succeed",
-            timeout=steps * step_seconds * 4 + 180,
-        )
-        finals = {p: logs(cluster, p) for p in PODS}
-        for p, text in finals.items():
-            say(f"\n$ kubectl logs {p} -n {NAMESPACE} | tail -3")
-            say("\n".join(text.rstrip().splitlines()[-3:]))
-        checks.check(
-            all(f"finished at step {steps}" in t for t in finals.values()),
-            f"both ranks finished at step {steps}",
-        )
-        digest = re.search(r"final parameters sha256 (\w+)", finals[PODS[0]])
-        if args.reference:
-            wait_for(
-                lambda: job_condition(cluster, REFERENCE, "Succeeded") == "True",
-                "the reference job to succeed",
-                timeout=steps * step_seconds * 4 + 180,
-            )
-            ref = re.search(
-                r"final parameters sha256 (\w+)", logs(cluster, f"{REFERENCE}-master-0")
-            )
-            checks.check(
-                digest and ref and digest.group(1) == ref.group(1),
-                "final parameters bitwise equal to the uninterrupted run's "
-                f"(sha256 {digest.group(1)[:16] if digest else None}...)",
-            )
-
-        def completed() -> dict | None:
-            st = tp_status(cluster)
-            return st if condition(st, "Completed") == "True" and st.get("step") == steps else None
-
-        st = wait_for(completed, "the TrainingProgress to be Completed", timeout=90)
-        reasons = [e["reason"] for e in job_events(cluster) for _ in range(e.get("count") or 1)]
-        checks.check(
-            reasons.count("JITCheckpoint") == 1 and reasons.count("Resumed") == 1,
-            f"Events JITCheckpoint x{reasons.count('JITCheckpoint')}, "
-            f"Resumed x{reasons.count('Resumed')} (once each)",
-        )
-        checks.check(
-            st.get("source") == "terminationMessage",
-            f"the final status read from the {st.get('source')}",
-        )
-
-        step_title("the end state")
-        show(cluster, "get", "pytorchjob,tp", "-n", NAMESPACE)
-        described = show(cluster, "describe", "tp", JOB, "-n", NAMESPACE)
-        events = described[described.find("Events:") :]
-        checks.check(
-            "JITCheckpoint" in events and "Resumed" in events,
-            "kubectl describe tp lists the JITCheckpoint and Resumed Events",
-        )
+        check_finished(cluster, checks, steps, step_seconds, reference=args.reference)
+        st = check_end_state(cluster, checks, steps)
 
         step_title("summary")
         ck = st.get("checkpointing") or {}
@@ -475,18 +546,7 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
             f"   preemption to pods gone: {drained:.1f} s; to the first resumed step: "
             f"{t_resumed:.1f} s"
         )
-        wall = time.monotonic() - t_start
-        for ok, what in checks.results:
-            say(f"   {'PASS' if ok else 'FAIL'}  {what}")
-        say(f"\n{'PASS' if checks.passed else 'FAIL'}: kubeckpt demo in {wall:.0f} s")
-        if args.keep and own:
-            say(f"\nexport KUBECONFIG={cluster.kubeconfig}   (Ctrl-C stops the cluster)")
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                pass
-        return 0 if checks.passed else 1
+        return report(cluster, checks, t_start, keep=args.keep and own)
     except Exception as e:
         say(f"\nFAIL: {type(e).__name__}: {e}")
         show(cluster, "get", "pods,tp,events", "-n", NAMESPACE, "-o", "wide")
@@ -494,8 +554,6 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
             say(f"--- logs {p} ---\n{logs(cluster, p)[-3000:]}")
         return 1
     finally:
-        if watch is not None:
-            watch.stop()
         if own:
             cluster.stop()
             say("\n== cluster stopped: processes, containers, mounts, network and iptables rules")
@@ -517,7 +575,15 @@ def main() -> int:
     ap.add_argument(
         "--reference", action="store_true", help="compare with an uninterrupted run, bitwise"
     )
+    ap.add_argument(
+        "--kueue", action="store_true", help="Kueue preempts the job (hack/demo_kueue.py)"
+    )
     args = ap.parse_args()
+    scenario = run
+    if args.kueue:
+        import demo_kueue  # imports this module as `demo` (see the end of the file)
+
+        scenario = demo_kueue.run
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C
@@ -525,11 +591,13 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     with tempfile.TemporaryDirectory(prefix="kubeckpt-demo-") as tmp:
         try:
-            return run(args, Path(tmp))
+            return scenario(args, Path(tmp))
         except KeyboardInterrupt:
             say("\ninterrupted")
             return 130
 
 
 if __name__ == "__main__":
+    # demo_kueue imports its shared steps from `demo`: this module, not a second copy of it.
+    sys.modules.setdefault("demo", sys.modules[__name__])
     sys.exit(main())

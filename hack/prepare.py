@@ -12,7 +12,7 @@ scripts announce their steps ("step NAME: start" / "done") and, first, which ste
 ("plan: ...", leaving out what is cached), so a warm run says "about 0 min left" at once.
 
 Runs on the system Python (the venv is one of the jobs): standard library only.
-Usage: python3 hack/prepare.py --for demo|all
+Usage: python3 hack/prepare.py --for demo|demo-kueue|all
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def main() -> int:
     if sys.version_info < (3, 11):  # noqa: UP036 (the system Python, before the venv exists)
         sys.exit("Python 3.11+ is needed (set PYTHON=python3.11)")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--for", dest="purpose", choices=["demo", "all"], default="all")
+    ap.add_argument("--for", dest="purpose", choices=["demo", "demo-kueue", "all"], default="all")
     args = ap.parse_args()
     return Prepare(jobs_for(args.purpose)).run()
 

@@ -17,7 +17,7 @@ class MissingBinaries(RuntimeError):
 
 
 class TrainerBinaries(NamedTuple):
-    """Kubeflow Trainer v2 and JobSet (kubeflow_trainer.py): binaries and their module's manifests."""
+    """Kubeflow Trainer v2 and JobSet (kubeflow_trainer.py): binaries, their modules' manifests."""
 
     jobset: Path
     jobset_manifests: Path

@@ -340,9 +340,8 @@ class TrainerStack:
         CUDA image cannot be pulled here)."""
         c = self.cluster
         assert c.binaries is not None
-        runtime = yaml.safe_load(
-            (c.binaries.require_trainer().trainer_manifests / "runtimes" / "torch_distributed.yaml").read_text()
-        )
+        manifests = c.binaries.require_trainer().trainer_manifests
+        runtime = yaml.safe_load((manifests / "runtimes" / "torch_distributed.yaml").read_text())
         for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
             for ctr in rj["template"]["spec"]["template"]["spec"]["containers"]:
                 ctr["image"] = IMAGES["training"]

@@ -100,6 +100,50 @@ def feature_gates() -> str:
     return ",".join(f"{k}={str(v).lower()}" for k, v in sorted(FEATURE_GATES.items()))
 
 
+def queue_objects(
+    namespace: str,
+    *,
+    cpu: str = "100",
+    memory: str = "100Gi",
+    priorities: dict[str, int] | None = None,
+    queue: str = "lq",
+) -> list[dict[str, Any]]:
+    """What a namespace needs to submit jobs to Kueue: the ResourceFlavor `default-flavor`, a
+    ClusterQueue `cq-<namespace>` with this quota whose higher-priority workloads preempt lower
+    ones, its LocalQueue `queue` in `namespace`, and a WorkloadPriorityClass per `priorities`
+    entry (name -> value; a job names one with the label kueue.x-k8s.io/priority-class)."""
+    quota = [{"name": "cpu", "nominalQuota": cpu}, {"name": "memory", "nominalQuota": memory}]
+    v = "kueue.x-k8s.io/v1beta2"
+    return [
+        {"apiVersion": v, "kind": "ResourceFlavor", "metadata": {"name": "default-flavor"}},
+        *(
+            {"apiVersion": v, "kind": "WorkloadPriorityClass", "metadata": {"name": n}, "value": x}
+            for n, x in (priorities or {}).items()
+        ),
+        {
+            "apiVersion": v,
+            "kind": "ClusterQueue",
+            "metadata": {"name": f"cq-{namespace}"},
+            "spec": {
+                "namespaceSelector": {},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [{"name": "default-flavor", "resources": quota}],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": v,
+            "kind": "LocalQueue",
+            "metadata": {"name": queue, "namespace": namespace},
+            "spec": {"clusterQueue": f"cq-{namespace}"},
+        },
+    ]
+
+
 class KueueStack:
     """Kueue for one LocalCluster: `start()` (idempotent), `restart()`, `stop()`."""
 
@@ -226,4 +270,4 @@ class KueueStack:
         self._webhooks = []
 
 
-__all__ = ["KueueStack", "KueueUnavailable", "MissingBinaries", "kept_webhooks"]
+__all__ = ["KueueStack", "KueueUnavailable", "MissingBinaries", "kept_webhooks", "queue_objects"]

@@ -17,6 +17,7 @@ from progress_support import FAST, progress, pytorchjob, write_atomic
 
 from localcluster import LocalCluster
 from localcluster.binaries import MissingBinaries
+from localcluster.kueue import queue_objects
 from progress_controller.controller import ProgressController
 from progress_controller.preemption_cost import PRIORITY_BOOST_ANNOTATION, boost_for_cost
 from progress_controller.preemption_cost_controller import PreemptionCostController
@@ -128,38 +129,6 @@ async def test_the_writer_leaves_a_boost_another_manager_owns(
     ] == "500"
 
 
-def _queues(namespace: str) -> list[dict[str, Any]]:
-    """A ClusterQueue with room for the job, and its LocalQueue `lq` in `namespace`."""
-    quota = [{"name": "cpu", "nominalQuota": "100"}, {"name": "memory", "nominalQuota": "100Gi"}]
-    return [
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ResourceFlavor",
-            "metadata": {"name": "default-flavor"},
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ClusterQueue",
-            "metadata": {"name": f"cq-{namespace}"},
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory"],
-                        "flavors": [{"name": "default-flavor", "resources": quota}],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "LocalQueue",
-            "metadata": {"name": "lq", "namespace": namespace},
-            "spec": {"clusterQueue": f"cq-{namespace}"},
-        },
-    ]
-
-
 def _record(step: int, checkpoint_step: int, when: datetime) -> bytes:
     return progress(
         step,
@@ -177,7 +146,7 @@ def _record(step: int, checkpoint_step: int, when: datetime) -> bytes:
 async def test_the_controller_keeps_an_admitted_jobs_boost_current(
     kueue: LocalCluster, client: Client, namespace: str
 ) -> None:
-    kueue.apply(_queues(namespace))
+    kueue.apply(queue_objects(namespace))
     path = kueue.exec_dir(namespace, "train-master-0") / "progress.json"
     write_atomic(path, _record(500, 100, datetime.now(UTC)))
     job = pytorchjob("train", namespace, str(path))

@@ -50,7 +50,7 @@ def test_a_named_binary_that_is_missing_is_refused(tmp_path: Path) -> None:
 def test_a_demo_env_file_reads_and_refuses_what_it_lacks(tmp_path: Path) -> None:
     binaries = Binaries.from_env_file(_env(tmp_path, REQUIRED))
     assert binaries.kubelet == tmp_path / "kubelet"
-    with pytest.raises(MissingBinaries, match="KUBECKPT_JOBSET.*KUBECKPT_TRAINER_MANIFESTS"):
+    with pytest.raises(MissingBinaries, match=r"KUBECKPT_JOBSET.*KUBECKPT_TRAINER_MANIFESTS"):
         binaries.require_trainer()
     with pytest.raises(MissingBinaries, match="KUBECKPT_PROMETHEUS"):
         binaries.require_prometheus()
