@@ -6,7 +6,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PYPROJECT_SUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(PYPROJECT_SUM)
+# The demo's venv: the controller extra only (the demo drives the cluster; torch, JAX and the
+# test tools run in the images or in `make test`), minutes less on a first run.
+DEMO_STAMP := $(VENV)/.installed-demo-$(PYPROJECT_SUM)
 export PYTHONPATH := $(CURDIR)/hack$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS ?=
 PREPARE_FOR ?= all
@@ -14,7 +18,7 @@ DEMO_ARGS ?=
 # What `make demo` builds: the Kueue scenario needs Kueue too.
 DEMO_FOR := $(if $(findstring --kueue,$(DEMO_ARGS)),demo-kueue,demo)
 
-.PHONY: help venv prepare binaries images lint format test test-unit test-lowest demo cluster-up cluster-down bench release clean
+.PHONY: help venv venv-demo prepare binaries images lint format test test-unit test-lowest demo cluster-up cluster-down bench release clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -26,6 +30,14 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP) ## create .venv with the dev and controller dependencies
+
+$(DEMO_STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is needed (set PYTHON=python3.11)")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "python3 -m venv failed: apt-get install -y python3-venv"; exit 1; }
+	@if [ -f $(STAMP) ]; then :; else $(PY) -m pip install -q --disable-pip-version-check -e '.[controller]'; fi
+	@rm -f $(VENV)/.installed-demo-*; touch $@
+
+venv-demo: $(DEMO_STAMP) ## create .venv with what `make demo` needs (the controller extra; `make venv` adds the rest)
 
 binaries: ## build (or find cached) the control plane, KWOK, training-operator, kubelet, kube-proxy, CoreDNS
 	bash hack/build-binaries.sh

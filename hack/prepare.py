@@ -1,9 +1,10 @@
 """Everything `make demo` and `make test` need, prepared side by side with progress.
 
 Three jobs run at once, each logging to ~/.cache/kubeckpt/logs/prepare-<job>.log: the Python venv
-(`make venv`), the Go-built binaries (hack/build-binaries.sh, itself three lanes) and the real
-node's images (hack/images/build.sh, as root only). On a 2-core machine they overlap downloads,
-package unpacking and compiling, which one after the other leave the CPU or the network idle.
+(`make venv`; for the demo `make venv-demo`, the controller extra only), the Go-built binaries
+(hack/build-binaries.sh, itself three lanes) and the real node's images (hack/images/build.sh, as
+root only). On a 2-core machine they overlap downloads, package unpacking and compiling, which one
+after the other leave the CPU or the network idle.
 
 Progress: a line when a step starts or ends, and every 30 s what is running and about how long is
 left. The estimate comes from each step's duration in earlier runs on this machine (kept in
@@ -252,26 +253,31 @@ class Prepare:
 
 def jobs_for(purpose: str) -> list[Job]:
     make = os.environ.get("MAKE", "make")
+    demo = purpose.startswith("demo")
     jobs = [
-        Job("venv", [make, "--no-print-directory", "venv"]),
+        Job("venv", [make, "--no-print-directory", "venv-demo" if demo else "venv"]),
         Job("binaries", ["bash", "hack/build-binaries.sh", "--for", purpose]),
     ]
     if os.geteuid() == 0:
         jobs.append(Job("images", ["bash", "hack/images/build.sh"]))
     else:
         print("[prepare] not root, so no images and no real node (tests/node will say so)")
-    if not venv_current():  # `make venv` announces nothing: its one step is announced here
+    if not venv_current(demo=demo):  # `make venv` announces nothing: its one step is told here
         jobs[0].lanes["venv"] = Lane("venv", ["python_packages"])
         jobs[0].first_step = "python_packages"
     return jobs
 
 
-def venv_current() -> bool:
-    """Whether `make venv` has nothing to do: the Makefile's stamp for this pyproject.toml."""
+def venv_current(*, demo: bool) -> bool:
+    """Whether `make venv` (or `venv-demo`) has nothing to do: the Makefile's stamps for this
+    pyproject.toml (the full venv serves the demo too)."""
     data = (REPO / "pyproject.toml").read_bytes()
     out = subprocess.run(["cksum"], input=data, capture_output=True, check=False).stdout
-    venv = Path(os.environ.get("VENV", REPO / ".venv"))
-    return bool(out) and (venv / f".installed-{out.split()[0].decode()}").exists()
+    if not out:
+        return False
+    venv, key = Path(os.environ.get("VENV", REPO / ".venv")), out.split()[0].decode()
+    stamps = [f".installed-{key}", *([f".installed-demo-{key}"] if demo else [])]
+    return any((venv / s).exists() for s in stamps)
 
 
 def main() -> int:
