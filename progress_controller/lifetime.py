@@ -15,7 +15,9 @@ record at a time:
   adds nothing, a record with a lower count lowers nothing, a new process adds its count from 0.
   Not counted from the storage: retention deletes old checkpoints, and the storage is mounted in
   the pods, not here. A process's saves after the last record read of it are counted when its
-  final record (the termination message) is read; a process never read is not counted.
+  final record (the termination message) is read; else only the checkpoint the next process
+  resumed from, when it is newer than the status's latest (the just-in-time save of a
+  preemption). A process never read is not counted.
 - `interruptions`: the processes after the first (a preemption, an eviction, a lost node, a
   crash, a suspension); `resumes`: the processes that name a checkpoint they resumed from.
 - At an interruption, `stepsLost` is the old process's last step read minus the step the new one
@@ -151,6 +153,8 @@ def carry(
         counts["stepsLost"] = _add(counts["stepsLost"], interruption.steps_lost)
         lost_total += interruption.seconds_lost
         counts["incarnationCheckpoints"] = 0
+        if _saved_unseen(prev, new):
+            counts["checkpointsCreated"] = _add(counts["checkpointsCreated"], 1)
     if (first or new_process) and new.get("resumedFrom"):
         counts["resumes"] = _add(counts["resumes"], 1)
     if reported is not None and reported > counts["incarnationCheckpoints"]:
@@ -164,6 +168,25 @@ def carry(
     elif isinstance(last := old.get(LAST_INTERRUPTION), Mapping):
         out[LAST_INTERRUPTION] = _sane_last(last)
     return Carried(out, interruption)
+
+
+def _saved_unseen(prev: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether the checkpoint the new process resumed from is newer than any the status holds:
+    the old process saved it after its last record read (a just-in-time save at a preemption,
+    whose final record went with its pod), so it is counted once here."""
+    resumed = checkpoint_step_value(new.get("resumedFrom"))
+    if resumed is None:
+        return False
+    ck = prev.get("checkpointing")
+    known = [
+        int(step)
+        for location in (
+            ck.get("latestCheckpoint") if isinstance(ck, Mapping) else None,
+            prev.get("resumedFrom"),  # the old process's own start
+        )
+        if (step := checkpoint_step_value(location)) is not None
+    ]
+    return not known or int(resumed) > max(known)
 
 
 def _cap(now: datetime, job_created: datetime | None) -> float:

@@ -138,6 +138,31 @@ def test_the_resumed_event_says_what_the_preemption_lost() -> None:
     assert resumed == ["resumed from checkpoint-30; step 40; 5 steps lost (110s of training)"]
 
 
+def test_a_just_in_time_save_the_controller_never_read_is_counted_once() -> None:
+    """Process a is last read at step 35 (latest checkpoint 30); it saves at 37 when preempted
+    and its pod goes with its final record. b resumes from checkpoint-37: that save is a's, and
+    counted. Had a's final record been read (latest checkpoint 37), it is not counted again."""
+    first = run(two_preemptions()[:2])
+    b = record(38, T0 + timedelta(seconds=100), incarnation="b", created=0, resumed="checkpoint-37")
+    unseen = read(first, b, "pod-b", T0 + timedelta(seconds=300))
+    assert unseen["checkpointing"]["checkpointsCreated"] == 3 + 1
+    final = parse_progress(
+        json.dumps(
+            {
+                "step": 37,
+                "incarnation": "a",
+                "lastUpdateTime": format_rfc3339(T0 + timedelta(seconds=50)),
+                "checkpointing": {"checkpointsCreated": 4, "latestCheckpoint": "/c/checkpoint-37"},
+            }
+        )
+    )
+    seen = read(first, final, "pod-a", T0 + timedelta(seconds=200))
+    assert seen["checkpointing"]["checkpointsCreated"] == 4
+    seen = read(seen, b, "pod-b", T0 + timedelta(seconds=300))
+    assert seen["checkpointing"]["checkpointsCreated"] == 4
+    assert seen["lifetime"]["stepsLost"] == unseen["lifetime"]["stepsLost"] == 0
+
+
 def test_reading_the_same_record_again_counts_nothing_twice() -> None:
     records = two_preemptions()
     once = run(records)
