@@ -43,6 +43,21 @@ CLOCK_SKEW: Final = timedelta(minutes=5)
 # to this, so a job is read at least this often and is Stalled after 3 such periods.
 MAX_UPDATE_PERIOD: Final = 3600.0
 
+# The life-long numbers the controller derives from records and carries in status.lifetime
+# (progress_controller/lifetime.py): counts saturate at MAX_COUNT, a time lost at this (and at the
+# job's age, when known: a job cannot lose more time than it has existed).
+MAX_LOST_SECONDS: Final = 10 * 366 * 86400.0
+LIFETIME_COUNTS: Final = (
+    "checkpointsCreated",
+    "incarnationCheckpoints",
+    "interruptions",
+    "resumes",
+    "stepsLost",
+)
+LIFETIME_SECONDS: Final = ("secondsLost",)
+LAST_INTERRUPTION_COUNTS: Final = ("lastStep", "resumedStep", "stepsLost")
+LAST_INTERRUPTION_SECONDS: Final = ("downtimeSeconds", "secondsLost")
+
 Path = tuple[str, ...]
 
 # Decimal strings that size something: (low, high), both included.
@@ -107,6 +122,18 @@ def step_seconds(value: object) -> float | None:
     """stepSeconds as a positive number of seconds when it is in range (0 means not measured)."""
     number = in_range(("stepSeconds",), value)
     return number if number else None
+
+
+def count(value: object) -> int | None:
+    """`value` when it is a count in 0..MAX_COUNT, else None (a status another writer spoiled)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+    return value if ok else None
+
+
+def lost_seconds(value: object) -> float | None:
+    """A time lost (a decimal string of seconds) in 0..MAX_LOST_SECONDS, else None."""
+    number = _decimal(value)
+    return number if number is not None and 0 <= number <= MAX_LOST_SECONDS else None
 
 
 def eta_seconds(text: object) -> float | None:

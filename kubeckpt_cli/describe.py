@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from kubeckpt_api.jobkinds import job_kind
 from kubeckpt_api.optin import ANNOTATION_PREFIX, INJECTED_LABEL, STATUS_ANNOTATION
+from kubeckpt_api.status_bounds import lost_seconds
 from trainer_runtime.contract.env import ALL_ENV_VARS
 
 from .checkpoints import container_of
@@ -128,6 +129,7 @@ def _progress_lines(v: JobView, status: dict[str, Any], now: datetime) -> list[s
         )
     if status.get("resumedFrom"):
         lines.append(f"Resumed from:  {status['resumedFrom']}")
+    lines += _lifetime_lines(v, status)
     if ck:
         lines.append("Checkpointing:")
         lines.append(f"  Enabled:     {ck.get('enabled', '-')}")
@@ -137,7 +139,10 @@ def _progress_lines(v: JobView, status: dict[str, Any], now: datetime) -> list[s
             lines.append(f"  Latest:      {v.latest_checkpoint} ({when} ago{why})")
         if ck.get("latestLocalCheckpoint"):
             lines.append(f"  Local:       {ck['latestLocalCheckpoint']}")
-        counts = [f"{ck.get('checkpointsCreated', 0)} this run"]
+        counts = [f"{v.checkpoints_created or 0} over the job's life"]
+        life = status.get("lifetime")
+        if isinstance(life, dict) and isinstance(life.get("incarnationCheckpoints"), int):
+            counts.append(f"{life['incarnationCheckpoints']} by this process")
         if ck.get("localCheckpointsCreated"):
             counts.append(f"{ck['localCheckpointsCreated']} local")
         lines.append(f"  Created:     {', '.join(counts)}")
@@ -153,6 +158,29 @@ def _progress_lines(v: JobView, status: dict[str, Any], now: datetime) -> list[s
                 f"{ck.get('lastFailedStep', '?')}: {ck.get('lastError', '?')})"
             )
     return lines
+
+
+def _lifetime_lines(v: JobView, status: dict[str, Any]) -> list[str]:
+    """Interruptions and what they cost, over the job's life and the last one."""
+    if not v.interruptions:
+        return []
+    resumed = f" ({v.resumes} resumed from a checkpoint)" if v.resumes is not None else ""
+    lines = [f"Interruptions: {v.interruptions}{resumed}"]
+    lost = f"{v.steps_lost or 0} steps, {_seconds(v.seconds_lost)}"
+    last = (status.get("lifetime") or {}).get("lastInterruption")
+    if isinstance(last, dict):
+        steps = last.get("stepsLost")
+        seconds = lost_seconds(last.get("secondsLost"))
+        lost += f" (last: {steps if isinstance(steps, int) else '?'} steps, {_seconds(seconds)}"
+        if isinstance(when := last.get("time"), str):
+            lost += f" at {clean(when, 40)}"
+        lost += ")"
+    lines.append(f"Lost:          {lost}")
+    return lines
+
+
+def _seconds(value: float | None) -> str:
+    return "? s" if value is None else f"{value:.0f} s"
 
 
 def _event_row(e: dict[str, Any], now: datetime) -> list[str]:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubeckpt_api.status import STATES, state_of
+from kubeckpt_api.status_bounds import lost_seconds
 from trainer_runtime.contract.progress import parse_rfc3339
 
 
@@ -108,7 +109,11 @@ class JobView:
     latest_checkpoint: str | None = None
     latest_checkpoint_time: datetime | None = None
     latest_checkpoint_reason: str | None = None
-    checkpoints_created: int | None = None
+    checkpoints_created: int | None = None  # over the job's life (status.lifetime)
+    interruptions: int | None = None
+    resumes: int | None = None
+    steps_lost: int | None = None
+    seconds_lost: float | None = None
     observed_pod: str | None = None
     last_update: datetime | None = None
     created: datetime | None = None
@@ -160,6 +165,10 @@ class JobView:
             "latestCheckpointAgeSeconds": ck_age,
             "latestCheckpointReason": self.latest_checkpoint_reason,
             "checkpointsCreated": self.checkpoints_created,
+            "interruptions": self.interruptions,
+            "resumes": self.resumes,
+            "stepsLost": self.steps_lost,
+            "secondsLost": self.seconds_lost,
             "observedPod": self.observed_pod,
             "lastUpdateTime": _fmt(self.last_update),
             "conditions": self.conditions,
@@ -176,6 +185,8 @@ def job_view(tp: dict[str, Any]) -> JobView:
     spec = tp.get("spec") or {}
     status = tp.get("status") or {}
     ck = status.get("checkpointing") or {}
+    life = status.get("lifetime") or {}
+    life = life if isinstance(life, dict) else {}
     job_ref = spec.get("jobRef") or {}
     state = status.get("state")
     if state not in STATES:
@@ -201,6 +212,10 @@ def job_view(tp: dict[str, Any]) -> JobView:
         latest_checkpoint_time=parse_time(ck.get("latestCheckpointTime")),
         latest_checkpoint_reason=ck.get("latestCheckpointReason") or None,
         checkpoints_created=_int(ck.get("checkpointsCreated")),
+        interruptions=_int(life.get("interruptions")),
+        resumes=_int(life.get("resumes")),
+        steps_lost=_int(life.get("stepsLost")),
+        seconds_lost=lost_seconds(life.get("secondsLost")),
         observed_pod=status.get("observedPod") or None,
         last_update=parse_time(status.get("lastUpdateTime")),
         created=parse_time(meta.get("creationTimestamp")),

@@ -38,6 +38,8 @@ from trainer_runtime.contract.progress import (
     parse_rfc3339,
 )
 
+from . import lifetime
+
 # The field manager of everything the controller writes with server-side apply (the
 # TrainingProgress status, CheckpointPolicy status, a TrainJob's status.trainerStatus).
 FIELD_MANAGER = "kubeckpt"
@@ -154,6 +156,10 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
         new, out_of_range = bounds.check(record_fields(rec), now=now, job_created=obs.job_created)
         prev_step = _step_of(prev)
         same_pod = obs.pod is not None and obs.pod == prev.get("observedPod") and not obs.new_pod
+        # A record from another process of the same pod (a container restart) may go back.
+        known = lifetime.known_incarnation(prev)
+        incarnation = lifetime.incarnation_of(rec.incarnation)
+        same_process = same_pod and (not known or not incarnation or known == incarnation)
         same_resume = new.get("resumedFrom") == prev.get("resumedFrom")
         if "step" not in new:
             error = (
@@ -161,11 +167,11 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
                 f"the record's step is out of range ({_out_of_range_text(out_of_range)}); "
                 "keeping the last good values",
             )
-        elif prev_step is not None and rec.step < prev_step and same_pod and same_resume:
+        elif prev_step is not None and rec.step < prev_step and same_process and same_resume:
             error = (
                 "StepWentBackwards",
                 f"step went back from {prev_step} to {rec.step} in pod {obs.pod} without a new "
-                "resumedFrom; keeping the last good values",
+                "resumedFrom or a new process; keeping the last good values",
             )
         else:
             accepted = True
@@ -178,11 +184,15 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
             status["source"] = obs.source or "exec"
             if obs.pod:
                 status["observedPod"] = obs.pod[:253]
+            carried = _carry_lifetime(status, prev, new, rec, obs, now)
             resumed = bool(new.get("resumedFrom")) and not same_resume
             went_back = prev_step is not None and rec.step < prev_step
-            if resumed or (went_back and not same_pod):
+            if resumed or (went_back and not same_process):
                 frm = new.get("resumedFrom") or "an earlier checkpoint"
-                events.append(Event("Normal", "Resumed", f"resumed from {frm}; step {rec.step}"))
+                lost = f"; {carried.interruption.text()}" if carried.interruption else ""
+                events.append(
+                    Event("Normal", "Resumed", f"resumed from {frm}; step {rec.step}{lost}")
+                )
             total = f" of {new['totalSteps']}" if new.get("totalSteps") else ""
             if resumed:
                 conds = set_condition(
@@ -352,6 +362,37 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
     status["state"] = state_of(status)
     status["lastPollTime"] = format_rfc3339(now)
     return Decision(status, events, accepted)
+
+
+def _carry_lifetime(
+    status: dict[str, Any],
+    prev: dict[str, Any],
+    new: dict[str, Any],
+    rec: ProgressRecord,
+    obs: Observation,
+    now: datetime,
+) -> lifetime.Carried:
+    """Put the job's life-long counts (lifetime.py) in the status being built from a record taken:
+    `status.lifetime`, and `checkpointing.checkpointsCreated` as the count over the job's life
+    (the record's is its process's)."""
+    last_pod = prev.get("observedPod")
+    other_pod = obs.new_pod or (
+        obs.pod is not None and isinstance(last_pod, str) and obs.pod[:253] != last_pod
+    )
+    carried = lifetime.carry(
+        prev,
+        new,
+        lifetime.incarnation_of(rec.incarnation),
+        other_pod=other_pod,
+        now=now,
+        job_created=obs.job_created,
+    )
+    status[lifetime.LIFETIME] = carried.lifetime
+    total = carried.lifetime["checkpointsCreated"]
+    ck = status.get("checkpointing")
+    if isinstance(ck, dict) or total:
+        status["checkpointing"] = {**(ck or {}), "checkpointsCreated": total}
+    return carried
 
 
 def _out_of_range_text(problems: list[bounds.OutOfRange]) -> str:

@@ -51,6 +51,15 @@ def _ckpt(key: str) -> Callable[[dict, float], float | None]:
     return lambda st, now: _float((st.get("checkpointing") or {}).get(key))
 
 
+def _life(key: str) -> Callable[[dict, float], float | None]:
+    # status.lifetime (lifetime.py): the job's totals across its training processes.
+    def value(st: dict, now: float) -> float | None:
+        life = st.get("lifetime")
+        return _float(life.get(key)) if isinstance(life, dict) else None
+
+    return value
+
+
 def _field(key: str) -> Callable[[dict, float], float | None]:
     return lambda st, now: _float(st.get(key))
 
@@ -78,8 +87,24 @@ JOB_GAUGES: dict[str, tuple[str, Callable[[dict, float], float | None]]] = {
         _since_checkpoint,
     ),
     "kubeckpt_checkpoints_created": (
-        "Checkpoints this run has completed",
+        "Checkpoints the job has completed over its life, across restarts",
         _ckpt("checkpointsCreated"),
+    ),
+    "kubeckpt_training_interruptions": (
+        "Training processes after the first (preemptions, evictions, crashes, suspensions)",
+        _life("interruptions"),
+    ),
+    "kubeckpt_training_resumes": (
+        "Training processes that resumed from a checkpoint",
+        _life("resumes"),
+    ),
+    "kubeckpt_training_steps_lost": (
+        "Steps lost over all interruptions (the last step read minus the step resumed at)",
+        _life("stepsLost"),
+    ),
+    "kubeckpt_training_seconds_lost": (
+        "Seconds of training lost over all interruptions (downtime plus lost steps' time)",
+        _life("secondsLost"),
     ),
     "kubeckpt_checkpoint_save_seconds": (
         "Seconds the latest checkpoint took to become durable",

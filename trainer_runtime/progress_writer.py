@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,9 @@ class ProgressWriter:
         self.total_epochs = total_epochs
         self.termination_log = termination_log
         self.resumed_from: str | None = None
+        # One id per process: every record says which process wrote it, so the controller counts
+        # a restart once and adds this process's checkpointsCreated (from 0) to the job's total.
+        self.incarnation = uuid.uuid4().hex
         self.checkpointing = CheckpointingStatus(
             enabled=checkpointing_enabled, checkpoints_created=0
         )
@@ -147,6 +151,7 @@ class ProgressWriter:
             step_seconds=format_decimal(step_seconds, 3) if step_seconds is not None else None,
             last_update_time=format_rfc3339(),
             resumed_from=self.resumed_from,
+            incarnation=self.incarnation,
             checkpointing=self.checkpointing,
         )
         for key, value in (metrics or {}).items():

@@ -415,6 +415,94 @@ def test_zero_code_hf_job_preempted_and_resumed(
     assert "training exited 0" in logs, logs[-3000:]
 
 
+COUNTS_JOB = "twice-preempted"
+
+
+def _tp_status(cluster: LocalCluster, ns: str, job: str) -> dict:
+    p = cluster.kubectl("get", "tp", job, "-n", ns, "-o", "json", check=False)
+    return (json.loads(p.stdout).get("status") or {}) if p.returncode == 0 else {}
+
+
+def _counted_by_process(cluster: LocalCluster, ns: str, job: str, incarnation: str | None) -> int:
+    """The checkpoints the TrainingProgress holds for the process `incarnation` (None: any)."""
+    life = _tp_status(cluster, ns, job).get("lifetime") or {}
+    if incarnation is not None and life.get("incarnation") != incarnation:
+        return 0
+    return int(life.get("incarnationCheckpoints") or 0)
+
+
+def _preempt_and_resume(cluster: LocalCluster, ns: str, pod: str) -> dict:
+    """`kubectl delete pod` (the preStop saves just in time, exit 143, the operator recreates
+    the pod); the new process's first record, once it resumed."""
+    uid = json.loads(cluster.kubectl("get", "pod", pod, "-n", ns, "-o", "json").stdout)["metadata"][
+        "uid"
+    ]
+    before = _record(cluster, ns, pod).get("incarnation")
+    cluster.kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
+    wait_pod(cluster, ns, pod, lambda p: p["metadata"]["uid"] != uid and running(p), "new", 180)
+    return wait_for(
+        lambda: (
+            (r := _record(cluster, ns, pod)).get("resumedFrom")
+            and r.get("incarnation") != before
+            and r
+        ),
+        "the resumed process's record",
+        timeout=180,
+    )
+
+
+def test_counts_survive_two_preemptions(
+    cluster: LocalCluster, addon: None, node_ns: str, tmp_path: Path
+) -> None:
+    """Issue 29: a job preempted twice (three training processes, each counting its checkpoints
+    from 0) shows in its TrainingProgress the checkpoints of its whole life, two resumes and two
+    interruptions, no step lost (each stop saved just in time), and a time lost."""
+    demo = load_demo()
+    ns = node_ns
+    cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
+    storage = tmp_path / "volume"
+    job_dir = storage / "runs" / ns / COUNTS_JOB
+    job_dir.mkdir(parents=True)
+    for p in (storage, storage / "runs", job_dir.parent, job_dir):
+        p.chmod(0o777)
+    cluster.apply(demo.storage_objects(storage, ns))
+    _job_inputs(cluster, ns)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(demo.demo_policy(20)))
+    job = _single_job(demo, COUNTS_JOB, 3000, 0.05)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(job))
+    pod = f"{COUNTS_JOB}-master-0"
+    wait_pod(cluster, ns, pod, running, "running", timeout=180)
+    resumed: dict = {}
+    for _ in range(2):
+        # Preempted once the controller has read two periodic saves of this process.
+        process = resumed.get("incarnation")
+        wait_for(
+            lambda p=process: _counted_by_process(cluster, ns, COUNTS_JOB, p) >= 2,
+            "two checkpoints of this process in the TrainingProgress",
+            timeout=180,
+        )
+        resumed = _preempt_and_resume(cluster, ns, pod)
+
+    def counted() -> dict | None:
+        st = _tp_status(cluster, ns, COUNTS_JOB)
+        life = st.get("lifetime") or {}
+        return st if life.get("incarnation") == resumed["incarnation"] else None
+
+    st = wait_for(counted, "the third process in the TrainingProgress", timeout=180)
+    life = st["lifetime"]
+    assert (life["interruptions"], life["resumes"]) == (2, 2), life
+    # The first two processes saved at least 2 checkpoints each (and one just in time, unless
+    # the stop came at a step already saved).
+    own = life["incarnationCheckpoints"]
+    assert st["checkpointing"]["checkpointsCreated"] == life["checkpointsCreated"] >= own + 4, st
+    assert life["stepsLost"] == 0, life  # each stop saved at the step it stopped at
+    assert float(life["secondsLost"]) > 0, life  # the pods' recreation took time
+    assert life["lastInterruption"]["resumedStep"] == int(resumed["resumedFrom"].split("-")[1])
+    described = cluster.kubectl("describe", "tp", COUNTS_JOB, "-n", ns).stdout
+    assert re.search(r"Interruptions:\s+2\n", described), described
+    cluster.kubectl("delete", "pytorchjob", COUNTS_JOB, "-n", ns, "--wait=false")
+
+
 def job_condition(cluster: LocalCluster, ns: str, job: str, type_: str) -> str | None:
     p = cluster.kubectl("get", "pytorchjob", job, "-n", ns, "-o", "json", check=False)
     if p.returncode != 0:

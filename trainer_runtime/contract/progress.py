@@ -47,7 +47,13 @@ _RECORD_FIELDS: Final = (
     ("accuracy", "accuracy", _DECIMAL),
     ("validationLoss", "validation_loss", _DECIMAL),
     ("validationAccuracy", "validation_accuracy", _DECIMAL),
+    # Which training process wrote the record: an id the runtime draws once per process, so the
+    # controller tells a new process (a restart, a preemption) from a re-read of the same one and
+    # carries the job's life-long counts forward (progress_controller/lifetime.py).
+    ("incarnation", "incarnation", _TEXT),
 )
+# An incarnation id is short (the runtime writes 32 hex digits); the controller keeps this much.
+MAX_INCARNATION_LENGTH: Final = 64
 _CHECKPOINTING_FIELDS: Final = (
     ("enabled", "enabled", _BOOL),
     ("latestCheckpoint", "latest_checkpoint", _TEXT),
@@ -97,6 +103,7 @@ _SHORT_FORM_DROP_ORDER: Final = (
     ("loss",),
     ("percentComplete",),
     ("lastUpdateTime",),
+    ("incarnation",),
     ("checkpointing", "latestCheckpoint"),
     ("checkpointing",),
 )
@@ -313,6 +320,7 @@ class ProgressRecord:
     accuracy: str | None = None
     validation_loss: str | None = None
     validation_accuracy: str | None = None
+    incarnation: str | None = None  # the writing process's id (one per process start)
     checkpointing: CheckpointingStatus | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

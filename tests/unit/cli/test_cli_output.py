@@ -13,7 +13,7 @@ import yaml
 from rich.console import Console
 
 from kubeckpt_cli import checkpoints as ck
-from kubeckpt_cli.describe import injected_settings
+from kubeckpt_cli.describe import _progress_lines, injected_settings
 from kubeckpt_cli.errors import EXIT_NOT_FOUND, translate
 from kubeckpt_cli.main import main
 from kubeckpt_cli.output import dump, status_document, status_table, table
@@ -147,6 +147,52 @@ def test_status_documents_for_one_job_and_for_a_list() -> None:
     assert many["kind"] == "JobStatusList" and len(many["items"]) == 2
     assert json.loads(dump(many, "json")) == many
     assert yaml.safe_load(dump(one, "yaml")) == one
+
+
+LIFETIME = {
+    "incarnation": "c",
+    "incarnationCheckpoints": 1,
+    "checkpointsCreated": 6,
+    "interruptions": 2,
+    "resumes": 2,
+    "stepsLost": 7,
+    "secondsLost": "174.0",
+    "lastInterruption": {
+        "time": "2026-03-01T12:00:00Z",
+        "lastStep": 52,
+        "resumedStep": 50,
+        "stepsLost": 2,
+        "downtimeSeconds": "60.0",
+        "secondsLost": "64.0",
+    },
+}
+
+
+def test_describe_and_status_show_the_counts_over_the_jobs_life() -> None:
+    status = training_status(30, lifetime=LIFETIME)
+    status["checkpointing"]["checkpointsCreated"] = 6
+    v = job_view(tp("llama", "team-a", status=status))
+    lines = _progress_lines(v, status, NOW)
+    assert "Interruptions: 2 (2 resumed from a checkpoint)" in lines
+    assert "Lost:          7 steps, 174 s (last: 2 steps, 64 s at 2026-03-01T12:00:00Z)" in lines
+    assert "  Created:     6 over the job's life, 1 by this process" in lines
+    doc = status_document([v], NOW, single=True)
+    assert (doc["checkpointsCreated"], doc["interruptions"], doc["resumes"]) == (6, 2, 2)
+    assert (doc["stepsLost"], doc["secondsLost"]) == (7, 174.0)
+
+
+def test_describe_shows_no_interruptions_line_for_a_job_never_interrupted() -> None:
+    status = training_status(30)
+    lines = _progress_lines(job_view(tp("llama", "team-a", status=status)), status, NOW)
+    assert not any(line.startswith(("Interruptions:", "Lost:")) for line in lines)
+    assert "  Created:     2 over the job's life" in lines
+
+
+def test_a_spoiled_lifetime_is_shown_as_unknown_not_raised() -> None:
+    spoiled = {"interruptions": 1, "secondsLost": "-5", "lastInterruption": {"stepsLost": "x"}}
+    status = training_status(30, lifetime=spoiled)
+    lines = _progress_lines(job_view(tp("llama", "team-a", status=status)), status, NOW)
+    assert "Lost:          0 steps, ? s (last: ? steps, ? s)" in lines
 
 
 def test_bar_fills_in_proportion() -> None:

@@ -12,6 +12,7 @@ STATUS = {
     "totalSteps": 100,
     "conditions": [{"type": "Stalled", "status": "True"}],
     "checkpointing": {"checkpointsCreated": 2},
+    "lifetime": {"interruptions": 2, "resumes": 1, "stepsLost": 7, "secondsLost": "174.5"},
 }
 COUNTS = {key: n for n, (key, _) in enumerate(CONTROLLER_COUNTERS.values(), start=1)}
 
@@ -30,6 +31,10 @@ def test_the_leader_exports_each_jobs_series_and_the_totals() -> None:
     assert f"kubeckpt_training_step{{{labels}}} 40.0" in text
     assert f"kubeckpt_training_stalled{{{labels}}} 1.0" in text
     assert f"kubeckpt_checkpoints_created{{{labels}}} 2.0" in text
+    assert f"kubeckpt_training_interruptions{{{labels}}} 2.0" in text
+    assert f"kubeckpt_training_resumes{{{labels}}} 1.0" in text
+    assert f"kubeckpt_training_steps_lost{{{labels}}} 7.0" in text
+    assert f"kubeckpt_training_seconds_lost{{{labels}}} 174.5" in text
     assert "kubeckpt_training_loss{" not in text  # no loss in the status: no sample
     for name, (key, _) in CONTROLLER_COUNTERS.items():
         assert f"{name}_total {float(COUNTS[key])}" in text
