@@ -6,7 +6,7 @@ deletion, uid, resourceVersion, creation time) without managedFields, only kubec
 (`kubeckpt.io/...`: the webhook's status, the last-checkpoint annotations), each container's name
 and the env variables of the contract (trainer_runtime/contract/env.py: the progress path and
 update frequency among them) and Trainer's status-server URL (`trainjob.py`), the phase and the
-container statuses. Every other object keeps all
+container statuses (name, state, restart count). Every other object keeps all
 but its bookkeeping (managedFields, kubectl's last-applied copy): they are few, or their spec is
 read (a job's suspend field, a policy's selector).
 
@@ -34,7 +34,10 @@ _ENV_READ = frozenset({*ALL_ENV_VARS, TRAINER_SERVER_ENV})
 # page of 500 pods of 40 KiB costs about 100 MiB at sync; 100 costs a fifth of that, for a few
 # more LIST requests (docs/benchmarks.md).
 POD_PAGE_SIZE = 100
-_POD_STATUS = ("phase", "reason", "containerStatuses")
+_POD_STATUS = ("phase", "reason")
+# Of each container status, what discovery.container_state reads (images and their digests,
+# often longer than the rest, are not).
+_CONTAINER_STATUS = ("name", "state", "restartCount")
 
 
 def _container(c: Any) -> dict[str, Any]:
@@ -65,4 +68,11 @@ def trim_pod(pod: KubeObject) -> KubeObject:
     status = pod.get("status")
     if isinstance(status, dict):
         out["status"] = {k: status[k] for k in _POD_STATUS if k in status}
+        statuses = status.get("containerStatuses")
+        if isinstance(statuses, list):
+            out["status"]["containerStatuses"] = [
+                {k: cs[k] for k in _CONTAINER_STATUS if k in cs}
+                for cs in statuses
+                if isinstance(cs, dict)
+            ]
     return out
