@@ -286,7 +286,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--for", dest="purpose", choices=["demo", "demo-kueue", "all"], default="all")
     args = ap.parse_args()
-    return Prepare(jobs_for(args.purpose)).run()
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # the jobs run in sessions of their own: stop them, as on Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return Prepare(jobs_for(args.purpose)).run()
+    except KeyboardInterrupt:
+        print("[prepare] interrupted: the jobs were stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -4,12 +4,18 @@ the build scripts' "plan" and "step" lines), no cluster."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import prepare
 import pytest
 from prepare import Job, Prepare
+
+HACK = Path(prepare.__file__).resolve().parent
 
 
 @pytest.fixture(autouse=True)
@@ -66,3 +72,30 @@ def test_the_estimate_counts_the_longest_lane() -> None:
     assert lane.remaining(30.0, est) == 70 + 50
     assert prepare.Lane("go", ["c"]).remaining(30.0, est) == 400
     assert lane.remaining(500.0, est) == 50  # an overrun step counts as about to end
+
+
+def test_a_terminated_prepare_stops_its_jobs(tmp_path: Path) -> None:
+    """SIGTERM (a CI timeout, `kill`) stops the jobs too: they run in sessions of their own, so
+    nothing else would, and a Go build left running holds the build lock for the next run."""
+    marker = tmp_path / "job-pid"
+    env = {**os.environ, "KUBECKPT_CACHE": str(tmp_path / "cache")}
+    script = (
+        "import prepare, sys\n"
+        "job = prepare.Job('sleeper', ['bash', '-c', 'echo $$ > " + str(marker) + "; sleep 60'])\n"
+        "sys.argv = ['prepare']\n"
+        "prepare.jobs_for = lambda purpose: [job]\n"
+        "sys.exit(prepare.main())\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], env={**env, "PYTHONPATH": str(HACK)}, cwd=HACK.parent
+    )
+    deadline = time.monotonic() + 10
+    while not marker.exists() or not marker.read_text().strip():
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.1)
+    job_pid = int(marker.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 130
+    time.sleep(0.3)
+    with pytest.raises(ProcessLookupError):
+        os.kill(job_pid, 0)
