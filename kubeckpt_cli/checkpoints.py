@@ -310,6 +310,7 @@ async def checkpoints(
         if e.code != EXIT_NOT_FOUND or kind is None:
             raise CliError(f"{e.message}{GONE_HINT}", e.code) from None
         tp = None  # a deleted job's TrainingProgress goes with it: --kind says what it was
+    pod: dict[str, Any] | None = None
     if tp is not None:
         kind = ((tp.get("spec") or {}).get("jobRef") or {}).get("kind")
         pod, problem = await find_pod(cluster, tp)
@@ -357,6 +358,7 @@ async def checkpoints(
         deadline_seconds=lister.deadline_for(timeout),
         max_entries=DEFAULT_MAX_ENTRIES,
         max_bytes=DEFAULT_MAX_BYTES,
+        placement=(pod or {}).get("spec"),
     )
     print(f"kubeckpt: {problem}: listing through lister pod {name} ({image})", file=err)
     try:

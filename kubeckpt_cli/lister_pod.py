@@ -49,6 +49,7 @@ MANAGED_BY = ("app.kubernetes.io/managed-by", "kubeckpt-cli")
 IMAGE_ENV = "KUBECKPT_RUNTIME_IMAGE"  # as the webhook's: an image that holds trainer_runtime
 STALE_SECONDS = 600  # a lister pod older than this is left over (the timeout is far shorter)
 POLL_SECONDS = 0.5
+PLACEMENT = ("nodeSelector", "affinity", "tolerations")  # copied from a pod of the job
 RESOURCES = {
     "requests": {"cpu": "50m", "memory": "64Mi"},
     "limits": {"cpu": "500m", "memory": "256Mi", "ephemeral-storage": "16Mi"},
@@ -155,8 +156,12 @@ def lister_pod(
     deadline_seconds: int,
     max_entries: int,
     max_bytes: int,
+    placement: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The lister pod's manifest (pure: what it may do is all here)."""
+    """The lister pod's manifest (pure: what it may do is all here). `placement`: the spec of
+    a pod of the job, when one is left: its nodeSelector, affinity and tolerations are copied,
+    since its nodes could mount the storage and the namespace's pods may need them."""
+    placed = {k: (placement or {})[k] for k in PLACEMENT if (placement or {}).get(k)}
     args = ["--persistent", storage.checkpoint_uri]
     args += ["--max-entries", str(max_entries), "--max-bytes", str(max_bytes)]
     return {
@@ -172,6 +177,7 @@ def lister_pod(
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
+            **placed,
             "securityContext": {
                 k: SECURITY_CONTEXT[k]
                 for k in ("runAsNonRoot", "runAsUser", "runAsGroup", "seccompProfile")

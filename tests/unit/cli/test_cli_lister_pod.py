@@ -145,3 +145,25 @@ def test_leftover_pods_are_those_ended_or_old() -> None:
     assert lister.stale(pod("Pending", lister.STALE_SECONDS + 60), now)
     assert not lister.stale(pod("Running", 5), now)  # another user's listing, in flight
     assert not lister.stale({"metadata": {}, "status": {"phase": "Pending"}}, now)
+
+
+def test_it_goes_where_the_jobs_pod_went() -> None:
+    storage = lister.choose_storage([policy("p", "pvc://ckpt/runs")], PYTORCHJOB, "team-a", "j")
+    trained = {
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [{"key": "gpu", "operator": "Exists"}],
+        "serviceAccountName": "trainer",
+        "containers": [{"name": "pytorch"}],
+    }
+    pod = lister.lister_pod(
+        "n", "j", storage, "i", deadline_seconds=5, max_entries=1, max_bytes=1024,
+        placement=trained,
+    )  # fmt: skip
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"pool": "gpu"}
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert "serviceAccountName" not in spec and "affinity" not in spec
+    bare = lister.lister_pod(
+        "n", "j", storage, "i", deadline_seconds=5, max_entries=1, max_bytes=1024
+    )
+    assert not {"nodeSelector", "tolerations", "affinity"} & set(bare["spec"])
