@@ -50,9 +50,11 @@ IMAGE_ENV = "KUBECKPT_RUNTIME_IMAGE"  # as the webhook's: an image that holds tr
 STALE_SECONDS = 600  # a lister pod older than this is left over (the timeout is far shorter)
 POLL_SECONDS = 0.5
 PLACEMENT = ("nodeSelector", "affinity", "tolerations")  # copied from a pod of the job
+# No ephemeral-storage limit: it would request as much (a node without that resource could not
+# take the pod), and the pod writes nothing (read-only root filesystem, no emptyDir).
 RESOURCES = {
     "requests": {"cpu": "50m", "memory": "64Mi"},
-    "limits": {"cpu": "500m", "memory": "256Mi", "ephemeral-storage": "16Mi"},
+    "limits": {"cpu": "500m", "memory": "256Mi"},
 }
 SECURITY_CONTEXT = {
     "runAsNonRoot": True,

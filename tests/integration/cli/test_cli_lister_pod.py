@@ -19,6 +19,9 @@ import pytest
 from kubeckpt_cli.lister_pod import JOB_LABEL, LISTER_LABEL
 from localcluster import LocalCluster, wait_for
 from tests.support.cli_objects import POLICY, REPO, run_cli, tp, training_status
+from tests.support.node_pods import load_demo
+from trainer_runtime.contract import build_manifest
+from trainer_runtime.storage import LocalTier
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -76,21 +79,26 @@ def unschedulable_lister(cluster: LocalCluster, ns: str, name: str, phase: str |
         )  # fmt: skip
 
 
+def start_cli(cluster: LocalCluster, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'hack'}"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "kubeckpt_cli", "--kubeconfig", str(cluster.kubeconfig), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+
+
 def test_the_lister_pod_for_a_finished_job(cluster: LocalCluster, namespace: str) -> None:
     apply_policy(cluster, namespace, "team-default", "pvc://ckpt/runs")
     finished_job(cluster, namespace, "llama")
     unschedulable_lister(cluster, namespace, "kubeckpt-ls-old", "Failed")  # left behind
     unschedulable_lister(cluster, namespace, "kubeckpt-ls-inflight", None)  # someone's, now
 
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'hack'}"}
-    argv = ["--kubeconfig", str(cluster.kubeconfig), "checkpoints", "llama", "-n", namespace]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kubeckpt_cli", *argv, "--timeout", "8", "--image", "lister:1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO,
+    proc = start_cli(
+        cluster, "checkpoints", "llama", "-n", namespace, "--timeout", "8", "--image", "lister:1"
     )
     created: dict[str, Any] = {}
 
@@ -202,3 +210,79 @@ def test_when_no_lister_pod_can_help(cluster: LocalCluster, namespace: str, tmp_
     )
     assert proc.stderr.endswith(LISTER_HINT)
     assert lister_pods(cluster, namespace) == {}
+
+
+def test_the_lister_pods_log_is_the_table(
+    cluster: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """The CLI's side of a listing that ends: KWOK runs the pod (its claim bound), this test ends
+    it as the kubelet would and serves its log (KWOK's Logs: the listing's real output)."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    cluster.apply(load_demo().storage_objects(volume, namespace))
+    apply_policy(cluster, namespace, "team-default", "pvc://checkpoints/runs")
+    finished_job(cluster, namespace, "llama")
+    job_dir = tmp_path / "job"
+    tier = LocalTier(job_dir, "persistent")
+    for step, extra in ((10, {"reason": "periodic"}), (20, {})):
+        d = tier.begin(step)
+        (d / "model.pt").write_bytes(b"m" * 1024)
+        tier.commit(step, build_manifest(
+            d, step=step, epoch=0, world_size=1, framework="torch", tier="persistent", extra=extra
+        ))  # fmt: skip
+    log = tmp_path / "listing.log"
+    listed = subprocess.run(
+        [sys.executable, "-m", "trainer_runtime.listing", "--persistent", str(job_dir)],
+        capture_output=True, check=True, cwd=REPO, env={"PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    # KWOK serves the file in the container runtime's log format, as the kubelet reads it
+    log.write_bytes(b"2026-03-01T12:00:00.000000000Z stdout F " + listed.stdout)
+
+    proc = start_cli(cluster, "checkpoints", "llama", "-n", namespace, "--timeout", "60")
+    name: list[str] = []
+
+    def running_on_kwok() -> bool:
+        for pod in lister_pods(cluster, namespace).values():
+            if (pod.get("status") or {}).get("phase") == "Running":
+                name.append(pod["metadata"]["name"])
+                return True
+        return False
+
+    try:
+        wait_for(running_on_kwok, "the lister pod to run", timeout=40)
+        cluster.apply(
+            {
+                "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                "kind": "Logs",
+                "metadata": {"name": name[0], "namespace": namespace},
+                "spec": {"logs": [{"containers": ["list"], "logsFile": str(log)}]},
+            }
+        )
+        ended = {
+            "phase": "Succeeded",
+            "containerStatuses": [
+                {
+                    "name": "list",
+                    "image": "x",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                }
+            ],
+        }
+        cluster.kubectl(
+            "patch", "pod", name[0], "-n", namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": ended}),
+        )  # fmt: skip
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    rows = [ln.split()[:5] for ln in out.splitlines()]
+    assert rows == [
+        ["TIER", "CHECKPOINT", "STEP", "STATE", "REASON"],
+        ["persistent", "checkpoint-20", "20", "complete", "-"],
+        ["persistent", "checkpoint-10", "10", "complete", "periodic"],
+    ]
+    wait_for(lambda: lister_pods(cluster, namespace) == {}, "the lister pod to go", timeout=30)
