@@ -17,10 +17,11 @@ import asyncio
 import json
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kubeckpt_api import __version__
-from kubeckpt_api.jobkinds import JOB_KINDS, job_kind
+from kubeckpt_api.jobkinds import JOB_KINDS, JobKind, job_kind
 from kubeckpt_api.optin import STATUS_ANNOTATION
 from reconciler.errors import NotFound
 from reconciler.exec import ExecError, ExecResult, ExecTimeout, exec_command, executable_not_found
@@ -28,7 +29,7 @@ from reconciler.exec import ExecError, ExecResult, ExecTimeout, exec_command, ex
 from . import lister_pod as lister
 from . import local_storage
 from .cluster import Cluster
-from .errors import EXIT_NOT_FOUND, CliError
+from .errors import EXIT_ERROR, EXIT_NOT_FOUND, CliError
 from .output import dump, table
 from .view import age, checkpoint_name, clean, human_bytes, now_utc, parse_time
 
@@ -43,10 +44,11 @@ GONE_HINT = (
     "; for a deleted job, name its --kind (a lister pod then mounts the storage), or pass "
     "--storage PATH with the storage mounted here"
 )
+PASS_STORAGE = "pass --storage PATH with the storage mounted here"
+STORAGE_HINT = f"; or {PASS_STORAGE}"
 LISTER_HINT = (
-    "listing without a running pod creates a short-lived pod in the namespace (it needs create, "
-    "get, list and delete on pods and get on pods/log); or pass --storage PATH with the storage "
-    "mounted here"
+    ": listing without a running pod creates a short-lived pod in the namespace (it needs "
+    f"create, get, list and delete on pods and get on pods/log){STORAGE_HINT}"
 )
 
 
@@ -303,15 +305,22 @@ async def checkpoints(
     image: str | None = None,
 ) -> int:
     """List through the running rank-0 pod; without one (the job ended, or was deleted), through
-    a lister pod that mounts the job's storage (`lister_pod`)."""
+    a lister pod that mounts the job's storage (`through_lister`)."""
     try:
         tp: dict[str, Any] | None = await cluster.find_progress(job, namespace, kind)
     except CliError as e:
-        if e.code != EXIT_NOT_FOUND or kind is None:
+        if e.code != EXIT_NOT_FOUND:
+            raise
+        if kind is None:
             raise CliError(f"{e.message}{GONE_HINT}", e.code) from None
         tp = None  # a deleted job's TrainingProgress goes with it: --kind says what it was
     pod: dict[str, Any] | None = None
-    if tp is not None:
+    if tp is None:
+        problem, code = (
+            f'cannot list the checkpoints of "{clean(job)}": it has no TrainingProgress',
+            EXIT_NOT_FOUND,
+        )
+    else:
         kind = ((tp.get("spec") or {}).get("jobRef") or {}).get("kind")
         pod, problem = await find_pod(cluster, tp)
         code = EXIT_NOT_FOUND
@@ -327,26 +336,56 @@ async def checkpoints(
                 )  # fmt: skip
                 return 0
             phase = (pod.get("status") or {}).get("phase", "not running")
-            problem, code = f"pod {clean(name)} is {clean(phase)}, not running", 1
-    else:
-        problem = f'cannot list the checkpoints of "{clean(job)}": it has no TrainingProgress'
-        code = EXIT_NOT_FOUND
-    jk = job_kind(kind or "")
-    if jk is None:
-        raise CliError(f"{problem}, and its kind {clean(kind)} is not served here", code)
+            problem, code = f"pod {clean(name)} is {clean(phase)}, not running", EXIT_ERROR
+    gone = Gone(problem, code, pod, job_kind(kind or ""), kind or "")
+    doc, where, about = await through_lister(
+        cluster, namespace, job, tp, gone, timeout=timeout, err=err, policy=policy, image=image
+    )
+    show(doc, fmt, out, where, **about)
+    return 0
+
+
+@dataclass(frozen=True)
+class Gone:
+    """Why the rank-0 pod cannot list (and the exit code if nothing else can), the pod left of
+    the job if any (the lister pod is placed as it was), and the job's kind."""
+
+    problem: str
+    code: int
+    pod: dict[str, Any] | None
+    kind: JobKind | None
+    kind_name: str
+
+
+async def through_lister(
+    cluster: Cluster,
+    namespace: str,
+    job: str,
+    tp: dict[str, Any] | None,
+    gone: Gone,
+    *,
+    timeout: float,  # noqa: ASYNC109 - the pod's deadline too
+    err: TextIO,
+    policy: str | None,
+    image: str | None,
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The listing from a lister pod (`lister_pod`), where it ran, and what `-o json` says of
+    it."""
+    if gone.kind is None:
+        raise CliError(
+            f"{gone.problem}, and its kind {clean(gone.kind_name)} is not served here", gone.code
+        )
+    latest = (((tp or {}).get("status") or {}).get("checkpointing") or {}).get("latestCheckpoint")
     try:
         policies = await lister.find_policies(cluster, namespace)
-        latest = (((tp or {}).get("status") or {}).get("checkpointing") or {}).get(
-            "latestCheckpoint"
-        )
         storage = lister.choose_storage(
-            policies, jk, namespace, job, policy_name=policy, latest=latest
+            policies, gone.kind, namespace, job, policy_name=policy, latest=latest
         )
     except CliError as e:
         raise CliError(
-            f"{problem}, and no lister pod can mount its storage: {e.message}; pass --storage "
-            f"PATH with the storage mounted here{_latest_hint(tp)}",
-            code,
+            f"{gone.problem}, and no lister pod can mount its storage: {e.message}; {PASS_STORAGE}"
+            f"{_latest_hint(tp)}",
+            gone.code,
         ) from None
     image = image or lister.default_image(os.environ)
     name = lister.pod_name(job)
@@ -358,30 +397,30 @@ async def checkpoints(
         deadline_seconds=lister.deadline_for(timeout),
         max_entries=DEFAULT_MAX_ENTRIES,
         max_bytes=DEFAULT_MAX_BYTES,
-        placement=(pod or {}).get("spec"),
+        placement=(gone.pod or {}).get("spec"),
     )
-    print(f"kubeckpt: {problem}: listing through lister pod {name} ({image})", file=err)
+    print(f"kubeckpt: {gone.problem}: listing through lister pod {name} ({image})", file=err)
     try:
         await lister.remove_stale(cluster, namespace)
         exit_code, log, cut, where = await lister.run_lister_pod(
             cluster, namespace, manifest, timeout=timeout, max_bytes=DEFAULT_MAX_BYTES + SLACK_BYTES
         )
     except CliError as e:
-        raise CliError(f"{e.message}; {LISTER_HINT}", e.code) from None
+        hint = LISTER_HINT if e.message.startswith("forbidden:") else STORAGE_HINT
+        raise CliError(f"{e.message}{hint}", e.code) from None
     if exit_code != 0:
         raise CliError(
             f"the listing in {where} failed (exit {exit_code}): {_first_line(log)}: is {image} "
-            f"an image with kubeckpt's runtime (--image)?"
+            "an image with kubeckpt's runtime (--image)?"
         )
     doc = parse_listing(log, cut, where, DEFAULT_MAX_BYTES)
     if tp is not None:
         add_reasons(doc, tp)
-    show(
-        doc, fmt, out, where,
+    about = dict(
         job=job, namespace=namespace, pod=name, container=lister.CONTAINER,
         policy=storage.policy, lister=True,
     )  # fmt: skip
-    return 0
+    return doc, where, about
 
 
 async def checkpoints_in_storage(

@@ -25,10 +25,10 @@ from trainer_runtime.storage import LocalTier
 
 pytestmark = pytest.mark.timeout(300)
 
+STORAGE_HINT = "; or pass --storage PATH with the storage mounted here\n"
 LISTER_HINT = (
-    "listing without a running pod creates a short-lived pod in the namespace (it needs create, "
-    "get, list and delete on pods and get on pods/log); or pass --storage PATH with the storage "
-    "mounted here\n"
+    ": listing without a running pod creates a short-lived pod in the namespace (it needs create, "
+    f"get, list and delete on pods and get on pods/log){STORAGE_HINT}"
 )
 
 
@@ -146,7 +146,7 @@ def test_the_lister_pod_for_a_finished_job(cluster: LocalCluster, namespace: str
         f"listing through lister pod {name} (lister:1)"
     )
     assert lines[1].startswith(f"kubeckpt: lister pod {name} did not finish in 8s (")
-    assert err.endswith(LISTER_HINT) and len(lines) == 2 and out == ""
+    assert err.endswith(STORAGE_HINT) and len(lines) == 2 and out == ""
 
     def cleaned() -> bool:
         return set(lister_pods(cluster, namespace)) == {"kubeckpt-ls-inflight"}
