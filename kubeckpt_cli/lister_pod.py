@@ -2,9 +2,10 @@
 
 A finished or deleted job's checkpoints are still on its storage, which only a pod can mount. So
 the CLI creates one in the job's namespace that mounts the job's own directory exactly as the
-webhook mounted it into the training pod (`webhook.mutation.storage_plan`, same path, so a
-recorded `latestCheckpoint` names the same location), but read-only, and runs the same listing
-the rank-0 pod runs (`python -m trainer_runtime.listing`). Its output is read from the pod's log.
+webhook mounted it into the training pod (the webhook's `kubeckpt_api.storage.storage_plan`: the
+same path, so a recorded `latestCheckpoint` names the same location), but read-only, and runs the
+same listing the rank-0 pod runs (`python -m trainer_runtime.listing`). Its output is read from
+the pod's log.
 
 Least privilege: non-root, read-only root filesystem, every capability dropped, no service
 account token, no Service links, small resource limits, `activeDeadlineSeconds` as the timeout.
@@ -31,10 +32,10 @@ from typing import Any
 from kubeckpt_api.groupversion import CHECKPOINT_POLICY
 from kubeckpt_api.jobkinds import JobIdentity, JobKind
 from kubeckpt_api.policy import policy_from_object
+from kubeckpt_api.storage import DEFAULT_RUNTIME_IMAGE, RUNTIME_UID, storage_plan
 from reconciler.errors import NotFound
 from reconciler.resources import PODS
 from trainer_runtime.contract import ContractError
-from webhook.mutation import DEFAULT_RUNTIME_IMAGE, RUNTIME_UID, storage_plan
 
 from .cluster import Cluster
 from .errors import CliError

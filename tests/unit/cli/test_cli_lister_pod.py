@@ -11,11 +11,11 @@ import pytest
 
 from kubeckpt_api.jobkinds import PYTORCHJOB, TRAINJOB, JobIdentity
 from kubeckpt_api.policy import policy_from_object
+from kubeckpt_api.storage import storage_plan
 from kubeckpt_cli import lister_pod as lister
 from kubeckpt_cli.errors import CliError
 from kubeckpt_cli.view import now_utc
 from tests.support.cli_objects import POLICY, injected_pod
-from webhook.mutation import storage_plan
 
 
 def policy(name: str, uri: str, created: str = "2026-01-01T00:00:00Z", **storage) -> dict:
