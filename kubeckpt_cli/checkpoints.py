@@ -1,6 +1,10 @@
-"""`kubeckpt checkpoints JOB`: every checkpoint of the job, listed inside its rank-0 pod.
+"""`kubeckpt checkpoints JOB`: every checkpoint of the job, listed inside its rank-0 pod, else
+in a short-lived lister pod (`lister_pod`), or from a local path (`--storage`, `local_storage`).
 
-Only the pod sees its storage (a PVC, the ramdisk tier, an object store with the pod's own
+All three run one listing, `trainer_runtime.listing.listing`, and show it with `show`: the same
+table, states and REASONs whichever way it was read.
+
+Only a pod sees its storage (a PVC, the ramdisk tier, an object store with the pod's own
 credentials), so the listing runs there: `python3 -m trainer_runtime.listing` (then `python`),
 argv only, over pods/exec, reading CHECKPOINT_URI / CHECKPOINT_LOCAL_DIR from the container's
 env. It bounds itself (entries and bytes); this side bounds it again (time and bytes kept), so
@@ -11,17 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kubeckpt_api import __version__
-from kubeckpt_api.jobkinds import job_kind
+from kubeckpt_api.jobkinds import JOB_KINDS, JobKind, job_kind
 from kubeckpt_api.optin import STATUS_ANNOTATION
 from reconciler.errors import NotFound
 from reconciler.exec import ExecError, ExecResult, ExecTimeout, exec_command, executable_not_found
 
+from . import lister_pod as lister
+from . import local_storage
 from .cluster import Cluster
-from .errors import EXIT_NOT_FOUND, CliError
+from .errors import EXIT_ERROR, EXIT_NOT_FOUND, CliError
 from .output import dump, table
 from .view import age, checkpoint_name, clean, human_bytes, now_utc, parse_time
 
@@ -31,6 +39,17 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_ENTRIES = 200
 DEFAULT_MAX_BYTES = 256 * 1024
 SLACK_BYTES = 4096  # a trailing newline, and an older listing's slightly different bound
+# What a user can do when the checkpoints cannot be listed through the cluster.
+GONE_HINT = (
+    "; for a deleted job, name its --kind (a lister pod then mounts the storage), or pass "
+    "--storage PATH with the storage mounted here"
+)
+PASS_STORAGE = "pass --storage PATH with the storage mounted here"
+STORAGE_HINT = f"; or {PASS_STORAGE}"
+LISTER_HINT = (
+    ": listing without a running pod creates a short-lived pod in the namespace (it needs "
+    f"create, get, list and delete on pods and get on pods/log){STORAGE_HINT}"
+)
 
 
 def _first_line(data: bytes, limit: int = 200) -> str:
@@ -65,14 +84,12 @@ def _running(pod: dict[str, Any], container: str | None) -> bool:
     return True  # no status for it yet: let the exec say
 
 
-async def find_pod(cluster: Cluster, tp: dict[str, Any]) -> dict[str, Any]:
-    """The pod to list through: the one the status names, else a running rank-0 pod."""
+async def find_pod(cluster: Cluster, tp: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The pod to list through: the one the status names, else a rank-0 pod (a running one
+    first). None, and what to say of it, when there is none."""
     ns = tp["metadata"]["namespace"]
     job = tp["metadata"]["name"]
-    status = tp.get("status") or {}
-    latest = (status.get("checkpointing") or {}).get("latestCheckpoint")
-    hint = f"; the latest checkpoint recorded is {clean(latest)}" if latest else ""
-    named = status.get("observedPod")
+    named = (tp.get("status") or {}).get("observedPod")
     pod = await cluster.get_pod(named, ns) if named else None
     if pod is None:
         kind = job_kind(str(((tp.get("spec") or {}).get("jobRef") or {}).get("kind", "")))
@@ -82,12 +99,8 @@ async def find_pod(cluster: Cluster, tp: dict[str, Any]) -> dict[str, Any]:
         pod = rank0[0] if rank0 else None
     if pod is None:
         gone = f"its pod {clean(named)} is gone" if named else "it has no rank-0 pod"
-        raise CliError(
-            f'cannot list the checkpoints of "{job}": {gone}, and they are listed through the '
-            f"running rank-0 pod{hint}",
-            EXIT_NOT_FOUND,
-        )
-    return pod
+        return None, f'cannot list the checkpoints of "{clean(job)}": {gone}'
+    return pod, ""
 
 
 async def run_listing(
@@ -156,10 +169,15 @@ async def run_listing(
         raise CliError(
             f"the listing in {where} failed (exit {result.exit_code}): {_first_line(result.stderr)}"
         )
-    if result.stdout_truncated:
+    return parse_listing(result.stdout, result.stdout_truncated, where, max_bytes)
+
+
+def parse_listing(stdout: bytes, truncated: bool, where: str, max_bytes: int) -> dict[str, Any]:
+    """The document `python -m trainer_runtime.listing` printed (pods/exec or a pod's log)."""
+    if truncated:
         raise CliError(f"the listing from {where} is over {max_bytes} bytes: not shown")
     try:
-        doc = json.loads(result.stdout)
+        doc = json.loads(stdout)
     except ValueError:
         doc = None
     if not isinstance(doc, dict) or not isinstance(doc.get("checkpoints"), list):
@@ -254,6 +272,25 @@ def checkpoint_notes(doc: dict[str, Any]) -> list[str]:
     return [clean(n, 400) for n in notes]
 
 
+def show(doc: dict[str, Any], fmt: str, out: TextIO, where: str, **about: Any) -> None:
+    """The table (and its notes), or the document with what was listed where (`about`)."""
+    if fmt == "table":
+        rows = checkpoint_rows(doc)
+        if rows:
+            print(table(CHECKPOINT_HEADERS, rows), file=out)
+        else:
+            print(f"No checkpoints yet (listed in {where}).", file=out)
+        for note in checkpoint_notes(doc):
+            print(note, file=out)
+    else:
+        print(dump(dict(doc, **about), fmt), file=out)
+
+
+def _latest_hint(tp: dict[str, Any] | None) -> str:
+    latest = (((tp or {}).get("status") or {}).get("checkpointing") or {}).get("latestCheckpoint")
+    return f"; the latest checkpoint recorded is {clean(latest)}" if latest else ""
+
+
 async def checkpoints(
     cluster: Cluster,
     namespace: str,
@@ -262,32 +299,144 @@ async def checkpoints(
     *,
     timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - passed on
     out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
     kind: str | None = None,
+    policy: str | None = None,
+    image: str | None = None,
 ) -> int:
-    tp = await cluster.find_progress(job, namespace, kind)
-    pod = await find_pod(cluster, tp)
-    kind = ((tp.get("spec") or {}).get("jobRef") or {}).get("kind")
-    container = container_of(pod, kind)
-    name = pod["metadata"]["name"]
-    if not _running(pod, container):
-        phase = (pod.get("status") or {}).get("phase", "not running")
-        latest = ((tp.get("status") or {}).get("checkpointing") or {}).get("latestCheckpoint")
-        hint = f"; the latest checkpoint recorded is {clean(latest)}" if latest else ""
-        raise CliError(
-            f"pod {clean(name)} is {clean(phase)}, not running: checkpoints are listed through "
-            f"the running rank-0 pod{hint}"
+    """List through the running rank-0 pod; without one (the job ended, or was deleted), through
+    a lister pod that mounts the job's storage (`through_lister`)."""
+    try:
+        tp: dict[str, Any] | None = await cluster.find_progress(job, namespace, kind)
+    except CliError as e:
+        if e.code != EXIT_NOT_FOUND:
+            raise
+        if kind is None:
+            raise CliError(f"{e.message}{GONE_HINT}", e.code) from None
+        tp = None  # a deleted job's TrainingProgress goes with it: --kind says what it was
+    pod: dict[str, Any] | None = None
+    if tp is None:
+        problem, code = (
+            f'cannot list the checkpoints of "{clean(job)}": it has no TrainingProgress',
+            EXIT_NOT_FOUND,
         )
-    doc = await run_listing(cluster, namespace, name, container, timeout=timeout)
-    add_reasons(doc, tp)
-    if fmt == "table":
-        rows = checkpoint_rows(doc)
-        if rows:
-            print(table(CHECKPOINT_HEADERS, rows), file=out)
-        else:
-            print(f"No checkpoints yet (listed in pod {clean(name)}).", file=out)
-        for note in checkpoint_notes(doc):
-            print(note, file=out)
     else:
-        doc = dict(doc, job=job, namespace=namespace, pod=name, container=container)
-        print(dump(doc, fmt), file=out)
+        kind = ((tp.get("spec") or {}).get("jobRef") or {}).get("kind")
+        pod, problem = await find_pod(cluster, tp)
+        code = EXIT_NOT_FOUND
+        if pod is not None:
+            container = container_of(pod, kind)
+            name = pod["metadata"]["name"]
+            if _running(pod, container):
+                doc = await run_listing(cluster, namespace, name, container, timeout=timeout)
+                add_reasons(doc, tp)
+                show(
+                    doc, fmt, out, f"pod {clean(name)}",
+                    job=job, namespace=namespace, pod=name, container=container,
+                )  # fmt: skip
+                return 0
+            phase = (pod.get("status") or {}).get("phase", "not running")
+            problem, code = f"pod {clean(name)} is {clean(phase)}, not running", EXIT_ERROR
+    gone = Gone(problem, code, pod, job_kind(kind or ""), kind or "")
+    doc, where, about = await through_lister(
+        cluster, namespace, job, tp, gone, timeout=timeout, err=err, policy=policy, image=image
+    )
+    show(doc, fmt, out, where, **about)
+    return 0
+
+
+@dataclass(frozen=True)
+class Gone:
+    """Why the rank-0 pod cannot list (and the exit code if nothing else can), the pod left of
+    the job if any (the lister pod is placed as it was), and the job's kind."""
+
+    problem: str
+    code: int
+    pod: dict[str, Any] | None
+    kind: JobKind | None
+    kind_name: str
+
+
+async def through_lister(
+    cluster: Cluster,
+    namespace: str,
+    job: str,
+    tp: dict[str, Any] | None,
+    gone: Gone,
+    *,
+    timeout: float,  # noqa: ASYNC109 - the pod's deadline too
+    err: TextIO,
+    policy: str | None,
+    image: str | None,
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The listing from a lister pod (`lister_pod`), where it ran, and what `-o json` says of
+    it."""
+    if gone.kind is None:
+        raise CliError(
+            f"{gone.problem}, and its kind {clean(gone.kind_name)} is not served here", gone.code
+        )
+    latest = (((tp or {}).get("status") or {}).get("checkpointing") or {}).get("latestCheckpoint")
+    try:
+        policies = await lister.find_policies(cluster, namespace)
+        storage = lister.choose_storage(
+            policies, gone.kind, namespace, job, policy_name=policy, latest=latest
+        )
+    except CliError as e:
+        raise CliError(
+            f"{gone.problem}, and no lister pod can mount its storage: {e.message}; {PASS_STORAGE}"
+            f"{_latest_hint(tp)}",
+            gone.code,
+        ) from None
+    image = image or lister.default_image(os.environ)
+    name = lister.pod_name(job)
+    manifest = lister.lister_pod(
+        name,
+        job,
+        storage,
+        image,
+        deadline_seconds=lister.deadline_for(timeout),
+        max_entries=DEFAULT_MAX_ENTRIES,
+        max_bytes=DEFAULT_MAX_BYTES,
+        placement=(gone.pod or {}).get("spec"),
+    )
+    print(f"kubeckpt: {gone.problem}: listing through lister pod {name} ({image})", file=err)
+    try:
+        await lister.remove_stale(cluster, namespace)
+        exit_code, log, cut, where = await lister.run_lister_pod(
+            cluster, namespace, manifest, timeout=timeout, max_bytes=DEFAULT_MAX_BYTES + SLACK_BYTES
+        )
+    except CliError as e:
+        hint = LISTER_HINT if e.message.startswith("forbidden:") else STORAGE_HINT
+        raise CliError(f"{e.message}{hint}", e.code) from None
+    if exit_code != 0:
+        raise CliError(
+            f"the listing in {where} failed (exit {exit_code}): {_first_line(log)}: is {image} "
+            "an image with kubeckpt's runtime (--image)?"
+        )
+    doc = parse_listing(log, cut, where, DEFAULT_MAX_BYTES)
+    if tp is not None:
+        add_reasons(doc, tp)
+    about = dict(
+        job=job, namespace=namespace, pod=name, container=lister.CONTAINER,
+        policy=storage.policy, lister=True,
+    )  # fmt: skip
+    return doc, where, about
+
+
+async def checkpoints_in_storage(
+    path: str,
+    namespace: str,
+    job: str,
+    fmt: str,
+    *,
+    kind: str | None = None,
+    out: TextIO = sys.stdout,
+) -> int:
+    """`--storage PATH`: the same listing, of a local path (`local_storage`); no cluster."""
+    kinds = [k for k in JOB_KINDS if kind in (None, k.kind)]
+    root = local_storage.job_root(path, namespace, job, kinds)
+    doc = local_storage.list_local(
+        root, max_entries=DEFAULT_MAX_ENTRIES, max_bytes=DEFAULT_MAX_BYTES
+    )
+    show(doc, fmt, out, clean(str(root)), job=job, namespace=namespace, storage=str(root))
     return 0

@@ -87,13 +87,32 @@ def parser() -> argparse.ArgumentParser:
         "checkpoints",
         help="every checkpoint of a job, listed in its rank-0 pod",
         description="Every checkpoint of the job (both tiers), listed inside its running rank-0 "
-        "pod with `python -m trainer_runtime.listing` over pods/exec.",
+        "pod with `python -m trainer_runtime.listing` over pods/exec. Without a running rank-0 "
+        "pod (the job ended or was deleted: then give --kind), a short-lived read-only lister "
+        "pod mounts the job's storage (a pvc:// CheckpointPolicy's claim) and lists it; "
+        "--storage PATH lists a local path instead, without the cluster.",
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("job")
     c.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait for the listing (30)"
+    )
+    c.add_argument(
+        "--storage",
+        metavar="PATH",
+        help="list this local path, no cluster: the policy's storage root (the job's "
+        "<namespace>/<job> directory below it is used) or the job's own directory",
+    )
+    c.add_argument(
+        "--policy",
+        help="the CheckpointPolicy whose storage a lister pod mounts (default: the namespace's "
+        "only one, or the one holding the latest checkpoint recorded)",
+    )
+    c.add_argument(
+        "--image",
+        help="the lister pod's image, one with kubeckpt's runtime (default: "
+        "$KUBECKPT_RUNTIME_IMAGE, else the webhook's default runtime image)",
     )
     _common(c, top=False)
 
@@ -110,14 +129,31 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _storage_namespace(args: argparse.Namespace) -> str:
+    """-n, else the kubeconfig context's namespace when there is a kubeconfig, else "default"
+    (kubectl's): `--storage` needs no cluster."""
+    from .connection import resolve
+
+    if args.namespace:
+        return str(args.namespace)
+    try:
+        return resolve(args.kubeconfig, args.context).namespace or "default"
+    except CliError:
+        return "default"
+
+
 async def _run(args: argparse.Namespace) -> int:
-    from .checkpoints import checkpoints
+    from .checkpoints import checkpoints, checkpoints_in_storage
     from .cluster import Cluster
     from .connection import client_for, resolve
     from .describe import describe
     from .status import status
     from .watch import watch
 
+    if getattr(args, "storage", None) is not None:
+        return await checkpoints_in_storage(
+            args.storage, _storage_namespace(args), args.job, args.output, kind=args.kind
+        )
     target = resolve(args.kubeconfig, args.context)
     namespace = None if args.all_namespaces else (args.namespace or target.namespace)
     async with client_for(target) as client:
@@ -131,7 +167,14 @@ async def _run(args: argparse.Namespace) -> int:
         assert namespace is not None
         if args.command == "checkpoints":
             return await checkpoints(
-                cluster, namespace, args.job, args.output, timeout=args.timeout, kind=kind
+                cluster,
+                namespace,
+                args.job,
+                args.output,
+                timeout=args.timeout,
+                kind=kind,
+                policy=args.policy,
+                image=args.image,
             )
         return await describe(cluster, namespace, args.job, args.output, kind=kind)
 
@@ -144,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"{args.command} takes one job: give -n NAMESPACE, not -A")
         if args.job:
             p.error("a job name needs one namespace: give -n NAMESPACE, not -A")
+    if getattr(args, "storage", None) is not None and (args.policy or args.image):
+        p.error("--storage reads a local path: --policy and --image are for a lister pod")
+    if getattr(args, "timeout", 1.0) <= 0:
+        p.error("--timeout must be positive")
     if getattr(args, "watch", False) and args.output != "table":
         p.error("--watch draws a live table: it cannot be combined with -o json/yaml")
     watching = getattr(args, "watch", False)

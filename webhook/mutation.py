@@ -18,7 +18,7 @@ from typing import Any
 import jsonpatch
 
 from kubeckpt_api import __version__
-from kubeckpt_api.jobkinds import JobIdentity, job_identity, ownership_problem
+from kubeckpt_api.jobkinds import job_identity, ownership_problem
 from kubeckpt_api.optin import (
     INJECTED_LABEL,
     STATUS_ANNOTATION,
@@ -27,6 +27,7 @@ from kubeckpt_api.optin import (
 from kubeckpt_api.policy import MIN_GRACE_SECONDS, Policy, apply_overrides, policy_from_object
 from kubeckpt_api.policy_limits import cap_overrides, local_size_limit
 from kubeckpt_api.status_bounds import in_range, step_seconds
+from kubeckpt_api.storage import DEFAULT_RUNTIME_IMAGE, RUNTIME_UID, storage_plan
 from trainer_runtime.contract import (
     CHECKPOINT_CONTROL_DIR,
     CHECKPOINT_ENABLED,
@@ -53,29 +54,16 @@ from trainer_runtime.contract import (
 from trainer_runtime.zerocode import pythonpath_entries
 
 RUN_VOLUME = "kubeckpt-run"
-STORAGE_VOLUME = "kubeckpt-storage"
 LOCAL_VOLUME = "kubeckpt-local"
 LOCAL_DIR = f"{RUN_DIR}/local"
 PROGRESS_PATH = f"{RUN_DIR}/progress.json"
-AWS_SECRET_KEYS = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-)
 # Zero-code mode (instrumentation.auto): an init container copies the runtime into its own
 # emptyDir, mounted read-only into the target container, whose PYTHONPATH then starts with it.
 RUNTIME_VOLUME = "kubeckpt-runtime"
 RUNTIME_DIR = "/var/run/kubeckpt-runtime"
 RUNTIME_INIT_CONTAINER = "kubeckpt-runtime"
-# The controller image holds the whole distribution, trainer_runtime included.
-DEFAULT_RUNTIME_IMAGE = f"kubeckpt/kubeckpt:{__version__}"
 PYTHONPATH = "PYTHONPATH"
 USER_PYTHONPATH = "KUBECKPT_USER_PYTHONPATH"  # the user's valueFrom PYTHONPATH, renamed
-RUNTIME_UID = 65532  # the image's non-root user
 # The operator-set env that says how many nodes (pods) a job spans, for the local tier's size.
 NODE_COUNT_ENV = ("PET_NNODES", "JAX_NUM_PROCESSES", "KUBECKPT_NODES")
 # The `skipped` entry of a pod whose labels name a job that does not own it (not injected).
@@ -150,40 +138,6 @@ def prestop_command(wait_seconds: int) -> list[str]:
         f"sleep 1; i=$((i+1)); done; exit 0"
     )
     return ["/bin/sh", "-c", script]
-
-
-def storage_plan(
-    policy: Policy, namespace: str, job: JobIdentity
-) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None, list[dict[str, Any]]]:
-    """(CHECKPOINT_URI, volume, mount, extra env) for the policy's storage URI. Each job gets its
-    kind's own directory below it (JobKind.storage_dir): jobs of two kinds never share one."""
-    uri = policy.storage_uri
-    per_job = job.job_kind.storage_dir(namespace, job.name)
-    if uri.startswith("pvc://"):
-        claim, _, path = uri[len("pvc://") :].partition("/")
-        sub = "/".join(p for p in (path.strip("/"), per_job) if p)
-        mount_path = f"{policy.mount_path.rstrip('/')}/{per_job}"
-        volume = {"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
-        # subPath per job: a job sees only its own checkpoints.
-        mount = {"name": STORAGE_VOLUME, "mountPath": mount_path, "subPath": sub}
-        return mount_path, volume, mount, []
-    if uri.startswith("s3://"):
-        env = []
-        if policy.secret_name:
-            # References only: the Secret's values never pass through the webhook.
-            env = [
-                {
-                    "name": key,
-                    "valueFrom": {
-                        "secretKeyRef": {"name": policy.secret_name, "key": key, "optional": True}
-                    },
-                }
-                for key in AWS_SECRET_KEYS
-            ]
-        return f"{uri.rstrip('/')}/{per_job}", None, None, env
-    if uri.startswith("file://"):
-        return f"{uri[len('file://') :].rstrip('/')}/{per_job}", None, None, []
-    raise ValueError(f"unsupported storage URI {uri!r}")
 
 
 def _nodes(container: Mapping[str, Any]) -> int:
