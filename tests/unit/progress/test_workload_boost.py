@@ -31,6 +31,7 @@ from progress_controller.workload_boost import (
     trim_workload,
     workload_job,
 )
+from progress_controller.workloads import trim_workload as shared_trim_workload
 from reconciler.client import Client
 from reconciler.clock import FakeClock
 from reconciler.config import ClientConfig
@@ -427,7 +428,8 @@ def test_a_progress_update_reaches_the_jobs_workload():
 
 async def test_the_workload_informer_starts_only_once_kueue_is_there():
     """Without Kueue the writer waits (the progress controller's informers alone gate
-    readiness); once discovery finds the Workload API, its informer starts and is watched."""
+    readiness); once discovery finds the Workload API, the progress controller's shared Workload
+    informer starts and the writer watches it."""
     client = Client(ClientConfig("http://127.0.0.1:9", qps=None))  # never reached
     manager = Manager(client, port=None)
     progress = ProgressController(manager, clock=FakeClock())
@@ -442,15 +444,21 @@ async def test_the_workload_informer_starts_only_once_kueue_is_there():
         return WORKLOADS
 
     client.resource = resource  # type: ignore[method-assign]
-    assert await ctrl._discover() is False and ctrl.workloads is None
+    watcher = progress.workloads
+    assert await watcher._discover() is False and ctrl.workloads is None
     assert ctrl._progress_to_workloads(_tp(RUNNING)) == []
     assert await ctrl.reconcile(Request("ml", "w")) is None
     served = True
     try:
-        assert await ctrl._discover() is True
-        assert ctrl.workloads is not None and ctrl.workloads.transform is trim_workload
-        assert await ctrl._discover() is True  # once
+        assert await watcher._discover() is True
+        assert ctrl.workloads is not None and ctrl.workloads is watcher.informer
+        assert ctrl.workloads.transform is shared_trim_workload
+        assert await watcher._discover() is True  # once
+        # A consumer that comes later is told at once, with the same informer.
+        seen: list[Any] = []
+        watcher.on_informer(lambda inf, api: seen.append((inf, api)))
+        assert seen == [(watcher.informer, watcher.api)]
     finally:
-        assert ctrl._task is not None
-        ctrl._task.cancel()
+        assert watcher._task is not None
+        watcher._task.cancel()
     await client.close()
