@@ -8,8 +8,9 @@ discovery finds that API, so the progress controller runs unchanged without Kueu
 per Workload, from the caches: the Workload's controlling job, that job's TrainingProgress (the
 progress controller's cache, or its newer own write) and the job's creation time. The only API
 call is a server-side apply of the one annotation, field manager `kubeckpt-preemption-cost`,
-never forced: a 409 means another manager took the annotation after the cache saw it, and it is
-left to them.
+never forced over another writer (only over Kueue's echo of it in a status write,
+workload_boost.py): a 409 means another manager took the annotation after the cache saw it, and
+it is left to them.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class PreemptionCostController:
                 self.api,
                 applied_configuration(workload, decision.value),
                 field_manager=FIELD_MANAGER,
-                force=False,
+                force=decision.force,  # only over Kueue's status echo (workload_boost)
             )
         except NotFound:
             return None
