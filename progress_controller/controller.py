@@ -43,6 +43,7 @@ from reconciler.resources import NAMESPACES, PODS, Resource
 
 from . import discovery as d
 from .decide import FIELD_MANAGER, Decision, Observation, changed, decide, foreign_event
+from .kueue_eviction import Eviction, describe_preemptor, eviction_of
 from .lastcheckpoint import pod_patch, wanted
 from .metrics import ProgressCollector
 from .ownership import OwnerResolver
@@ -50,6 +51,8 @@ from .reading import ExecFn, ReadError, parse, read_file
 from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
 from .trainjob import TRAINJOB_API_VERSION, TrainJobWatcher, trainer_status, trainer_status_server
 from .trim import POD_PAGE_SIZE, strip_bookkeeping, trim_pod
+from .workload_boost import workload_job
+from .workloads import WorkloadWatcher
 
 log = logging.getLogger("kubeckpt.progress")
 
@@ -98,6 +101,19 @@ def _pod_changed(old: KubeObject, new: KubeObject) -> bool:
     )
 
 
+def workload_to_job(workload: KubeObject) -> list[Request]:
+    """Map a Kueue Workload to the request of the training job that controls it."""
+    job = workload_job(workload)
+    if job is None:
+        return []
+    return [Request.from_key(d.job_key(job.kind, namespace_of(workload), job.name))]
+
+
+def _eviction_changed(old: KubeObject, new: KubeObject) -> bool:
+    # The Workload cache keeps only the eviction conditions under status (workloads.py).
+    return old.get("status") != new.get("status")
+
+
 def _job_changed(old: KubeObject, new: KubeObject) -> bool:
     return old.get("status") != new.get("status") or old.get("spec") != new.get("spec")
 
@@ -141,9 +157,11 @@ class ProgressController:
         workers: int = 16,
         clock: Clock = REAL_CLOCK,
         trainjob_interval: float = 30.0,
+        workload_interval: float = 30.0,
         trim: bool = True,
     ) -> None:
-        """`trim`: the caches keep only the fields the controller reads (`trim.py`)."""
+        """`trim`: the caches keep only the fields the controller reads (`trim.py`).
+        `workload_interval`: seconds between looks for Kueue's Workload API (workloads.py)."""
         client = manager.client
         self.client = client
         self.settings = settings or PollSettings()
@@ -201,6 +219,14 @@ class ProgressController:
             interval=trainjob_interval,
         )
         manager.add_runnable(self.trainjobs.run, leader_only=False)
+        # Kueue's Workloads (when Kueue is installed): why a suspended job is suspended.
+        self.workloads = WorkloadWatcher(client, interval=workload_interval)
+        self.workloads.on_informer(
+            lambda inf, _api: self.controller.watch(
+                inf, workload_to_job, update_predicate=_eviction_changed
+            )
+        )
+        manager.add_runnable(self.workloads.run, leader_only=False)
         self._trainer_conflicts: set[str] = set()
         # Foreign pods reported by an Event on a job that has no TrainingProgress to hold the
         # condition that remembers them: job key -> pod UIDs.
@@ -465,6 +491,8 @@ class ProgressController:
             obs.stall_after = stall_after(self.settings, period)
         obs.not_injected = missed
         obs.suspended = suspended
+        if suspended:
+            obs.eviction, obs.preemptor = self._kueue_eviction(job)
         obs.job_created = d.created(job)
         obs.foreign = foreign
         decision = decide(prev_status, obs, datetime.now(UTC))
@@ -495,6 +523,15 @@ class ProgressController:
         )
         state.next_poll = now + interval
         return Result(requeue_after=interval)
+
+    def _kueue_eviction(self, job: KubeObject) -> tuple[Eviction | None, str | None]:
+        """Kueue's eviction of the job (its Workload's conditions, from the cache) and the
+        preempting job by name when Kueue named one; (None, None) without Kueue."""
+        for wl in self.workloads.of_job(_uid(job)):
+            eviction = eviction_of(wl)
+            if eviction is not None:
+                return eviction, describe_preemptor(eviction, self.workloads.by_uid)
+        return None, None
 
     async def _write(
         self, key: str, job: KubeObject, tp: KubeObject, prev: dict[str, Any], dec: Decision

@@ -39,6 +39,7 @@ from trainer_runtime.contract.progress import (
 )
 
 from . import lifetime
+from .kueue_eviction import Eviction
 
 # The field manager of everything the controller writes with server-side apply (the
 # TrainingProgress status, CheckpointPolicy status, a TrainJob's status.trainerStatus).
@@ -80,6 +81,10 @@ class Observation:
     # Pods that carry the job's labels but that the job does not own (ownership.py), by name,
     # with why (None: not known, leave the condition).
     foreign: dict[str, str] | None = None
+    # Kueue's eviction of the suspended job (its Workload's conditions), and the preempting job
+    # by name when Kueue named one (kueue_eviction.describe_preemptor).
+    eviction: Eviction | None = None
+    preemptor: str | None = None
 
 
 @dataclass(frozen=True)
@@ -293,6 +298,17 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
         latest = (status.get("checkpointing") or {}).get("latestCheckpoint")
         then = f"; it resumes from {latest} when unsuspended" if latest else ""
         msg = f"the job is suspended at step {status.get('step', 0)}{then}"
+        if obs.eviction is not None:
+            # Kueue's part first: a long checkpoint path cut at the end never cuts the key.
+            msg = f"{obs.eviction.describe(obs.preemptor)}; {msg}"
+            old = condition(prev.get("conditions") or [], PROGRESSING)
+            told = (
+                old is not None
+                and old.get("reason") == "Suspended"
+                and str(old.get("message", "")).startswith(obs.eviction.key + " ")
+            )
+            if not told:
+                events.append(Event("Normal", "Evicted", msg))
         conds = set_condition(conds, PROGRESSING, "False", "Suspended", msg, now)
         if (c := condition(conds, STALLED)) is not None and c.get("status") == "True":
             conds = set_condition(conds, STALLED, "False", "Suspended", msg, now)

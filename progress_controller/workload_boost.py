@@ -22,6 +22,15 @@ requeue of the ClusterQueue's heads):
   least `min_interval` seconds old. The boost grows with the logarithm of the work at risk, so
   a running job's value rises by `min_change` ever more rarely: a handful of writes per
   checkpoint interval.
+
+Kueue's own status writes echo the annotation: Kueue v0.17 applies a Workload's status
+(admission, eviction: pkg/workload BaseSSAWorkload) with every annotation and label of the
+Workload as it read them, on the status subresource. The API server keeps the annotation's value
+(a status write cannot change metadata) but records the status entry as a co-owner, so an
+unforced apply of a new value is a 409 against `kueue-admission` (seen on the first eviction of a
+job whose boost we had written). Such an entry is not a writer: it is left out of the rule above,
+and a write over it is forced (`Decision.force`), which takes only that echo's share of the one
+annotation. A writer on the main resource (an admin's patch, another controller) still stops us.
 """
 
 from __future__ import annotations
@@ -66,6 +75,9 @@ class Decision:
     value: str | None = None  # what to apply, for "write"
     owners: tuple[str, ...] = ()  # the other field managers, for "foreign"
     after: float | None = None  # for "not-yet": seconds until the rate rule allows a write
+    # For "write": a status-subresource entry echoes the annotation (see the module's
+    # docstring), so the apply must be forced to take it from that echo.
+    force: bool = False
 
     @property
     def write(self) -> bool:
@@ -104,14 +116,12 @@ def _owns(fields: Any, key: str) -> bool:
     return isinstance(annotations, Mapping) and f"f:{key}" in annotations
 
 
-def annotation_managers(
-    workload: Mapping[str, Any], key: str = PRIORITY_BOOST_ANNOTATION
+def _owning_entries(
+    workload: Mapping[str, Any], key: str, *, subresource: bool
 ) -> dict[str, str | None]:
-    """Field managers that own annotation `key`, each with the time of its entry (None if the
-    entry has none). A status-subresource entry cannot own metadata and is skipped."""
     out: dict[str, str | None] = {}
     for entry in (workload.get("metadata") or {}).get("managedFields") or []:
-        if not isinstance(entry, Mapping) or entry.get("subresource"):
+        if not isinstance(entry, Mapping) or bool(entry.get("subresource")) != subresource:
             continue
         if entry.get("fieldsType", "FieldsV1") != "FieldsV1":
             continue
@@ -120,6 +130,23 @@ def annotation_managers(
             when = entry.get("time")
             out[manager] = when if isinstance(when, str) else None
     return out
+
+
+def annotation_managers(
+    workload: Mapping[str, Any], key: str = PRIORITY_BOOST_ANNOTATION
+) -> dict[str, str | None]:
+    """Field managers that own annotation `key`, each with the time of its entry (None if the
+    entry has none). A status-subresource entry cannot change metadata and is skipped (see
+    `status_echoes`)."""
+    return _owning_entries(workload, key, subresource=False)
+
+
+def status_echoes(
+    workload: Mapping[str, Any], key: str = PRIORITY_BOOST_ANNOTATION
+) -> tuple[str, ...]:
+    """Field managers whose status-subresource entry owns annotation `key`: they sent it back
+    unchanged with a status write (Kueue does), and cannot change it."""
+    return tuple(sorted(_owning_entries(workload, key, subresource=True)))
 
 
 def _current(workload: Mapping[str, Any]) -> str | None:
@@ -155,13 +182,14 @@ def decide(
     have = _current(workload)
     if have == value or (have is None and boost == 0):  # Kueue reads a missing boost as 0
         return Decision("unchanged")
+    write = Decision("write", value, force=bool(status_echoes(workload)))
     current = _as_int(have)
     if current is None or boost == 0:
-        return Decision("write", value)
+        return write
     if abs(boost - current) < rule.min_change:
         return Decision("not-yet")
     if boost < current:
-        return Decision("write", value)
+        return write
     last = owners.get(manager)
     if last is not None:
         try:
@@ -170,13 +198,14 @@ def decide(
             age = rule.min_interval
         if age < rule.min_interval:
             return Decision("not-yet", after=rule.min_interval - max(0.0, age))
-    return Decision("write", value)
+    return write
 
 
 def trim_workload(workload: Mapping[str, Any]) -> dict[str, Any]:
     """The Workload as far as the controller reads it (an informer transform): its metadata,
-    with only the boost annotation and only the managedFields entries that own it. A Workload
-    holds its job's pod templates; a cache of thousands of them would be most of the memory."""
+    with only the boost annotation and only the managedFields entries that own it (status
+    echoes included). A Workload holds its job's pod templates; a cache of thousands of them
+    would be most of the memory."""
     md = dict(workload.get("metadata") or {})
     annotations = md.get("annotations")
     if isinstance(annotations, Mapping) and PRIORITY_BOOST_ANNOTATION in annotations:
@@ -190,7 +219,6 @@ def trim_workload(workload: Mapping[str, Any]) -> dict[str, Any]:
             | {"fieldsType": "FieldsV1", "fieldsV1": _ANNOTATION_FIELDS}
             for e in entries
             if isinstance(e, Mapping)
-            and not e.get("subresource")
             and e.get("fieldsType", "FieldsV1") == "FieldsV1"
             and _owns(e.get("fieldsV1"), PRIORITY_BOOST_ANNOTATION)
         ]

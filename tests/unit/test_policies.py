@@ -336,19 +336,27 @@ def test_other_boost_values_are_refused(default: list[dict[str, Any]], value: st
 
 
 def test_the_preemption_cost_component_turns_the_flag_on_with_its_rights(tmp_path: Path) -> None:
-    """Off in every install (config/default has neither the flag nor the rights); an overlay
-    that adds the component gets both, the Workload rights and nothing else, and keeps every
-    policy."""
+    """Off in every install (config/default has neither the flag nor the right to patch
+    Workloads, only to read them, for why a job is suspended); an overlay that adds the component
+    gets both, the patch right and nothing else, and keeps every policy."""
     default = render(CONFIG / "default")
     reconciler = by_kind(default, "Deployment")["kubeckpt-reconciler"]
     assert (
         "--preemption-cost" not in reconciler["spec"]["template"]["spec"]["containers"][0]["args"]
     )
-    assert not any(
-        WORKLOAD_GROUP in r.get("apiGroups", [])
+    workload_rules = [
+        r
         for role in by_kind(default, "ClusterRole").values()
         for r in role.get("rules", [])
-    )
+        if WORKLOAD_GROUP in r.get("apiGroups", [])
+    ]
+    assert workload_rules == [
+        {
+            "apiGroups": [WORKLOAD_GROUP],
+            "resources": [WORKLOAD_PLURAL],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     kustomization = {
@@ -364,7 +372,7 @@ def test_the_preemption_cost_component_turns_the_flag_on_with_its_rights(tmp_pat
         {
             "apiGroups": [WORKLOAD_GROUP],
             "resources": [WORKLOAD_PLURAL],
-            "verbs": ["get", "list", "watch", "patch"],
+            "verbs": ["patch"],
         }
     ]
     binding = by_kind(docs, "ClusterRoleBinding")["kubeckpt-reconciler-preemption-cost"]

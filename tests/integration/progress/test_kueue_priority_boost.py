@@ -162,8 +162,11 @@ async def test_the_controller_keeps_an_admitted_jobs_boost_current(
         return None
 
     manager = Manager(client, name="preemption-cost-test", port=None, drain_timeout=1.0)
-    progress_ctrl = ProgressController(manager, settings=FAST)
-    cost = PreemptionCostController(manager, progress_ctrl, discovery_interval=1.0)
+    progress_ctrl = ProgressController(manager, settings=FAST, workload_interval=1.0)
+    cost = PreemptionCostController(
+        manager,
+        progress_ctrl,
+    )
     task = asyncio.create_task(manager.run())
     try:
         # Admitted by Kueue, read by the progress controller: 400 steps of 2 s and a 20 s save

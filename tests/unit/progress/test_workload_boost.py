@@ -24,13 +24,16 @@ from progress_controller.preemption_cost_controller import (
 )
 from progress_controller.workload_boost import (
     FIELD_MANAGER,
+    Decision,
     WriteRule,
     annotation_managers,
     applied_configuration,
     decide,
+    status_echoes,
     trim_workload,
     workload_job,
 )
+from progress_controller.workloads import trim_workload as shared_trim_workload
 from reconciler.client import Client
 from reconciler.clock import FakeClock
 from reconciler.config import ClientConfig
@@ -151,6 +154,25 @@ def test_annotation_managers_reads_managed_fields():
     assert annotation_managers(wl) == {}
 
 
+def test_kueues_status_echo_is_not_a_writer_and_is_forced_over():
+    """Kueue v0.17 applies a Workload's status with its annotations as it read them (pkg/workload
+    BaseSSAWorkload): the API server keeps the value and records the status entry as a co-owner,
+    so an unforced apply is a 409. The echo is written over, forced; a real writer is not."""
+    echo = _entry("kueue-admission", subresource="status")
+    wl = workload("36", [_entry(FIELD_MANAGER, when=NOW - timedelta(minutes=5)), echo])
+    assert status_echoes(wl) == ("kueue-admission",)
+    assert set(annotation_managers(wl)) == {FIELD_MANAGER}
+    assert decide(wl, 0, now=NOW) == Decision("write", "0", force=True)
+    assert decide(wl, 60, now=NOW) == Decision("write", "60", force=True)
+    assert decide(wl, 36, now=NOW).action == "unchanged"
+    # Echoed before we ever wrote (Kueue admitted the job with a value set at creation).
+    assert decide(workload("7", [echo]), 40, now=NOW) == Decision("write", "40", force=True)
+    # Without an echo nothing is forced; with a writer beside it nothing is written at all.
+    assert decide(workload(), 40, now=NOW).force is False
+    admin = _entry("platform-admin", operation="Update")
+    assert decide(workload("36", [echo, admin]), 0, now=NOW).action == "foreign"
+
+
 def test_written_when_nobody_owns_the_annotation():
     assert decide(workload(), 40, now=NOW).action == "write"
     assert decide(workload(), 40, now=NOW).value == "40"
@@ -260,7 +282,12 @@ def test_the_applied_configuration_is_the_annotation_alone():
 
 @pytest.mark.parametrize(
     "managers",
-    [[], [_entry(FIELD_MANAGER)], [_entry("admin", operation="Update"), _entry(FIELD_MANAGER)]],
+    [
+        [],
+        [_entry(FIELD_MANAGER)],
+        [_entry("admin", operation="Update"), _entry(FIELD_MANAGER)],
+        [_entry(FIELD_MANAGER), _entry("kueue-admission", subresource="status")],
+    ],
 )
 @pytest.mark.parametrize("value", [None, "12"])
 def test_the_trimmed_workload_decides_the_same(managers, value):
@@ -269,6 +296,7 @@ def test_the_trimmed_workload_decides_the_same(managers, value):
     assert "spec" not in trimmed and trimmed["metadata"].get("annotations", {}).get("other") is None
     assert workload_job(trimmed) == workload_job(wl)
     assert annotation_managers(trimmed) == annotation_managers(wl)
+    assert status_echoes(trimmed) == status_echoes(wl)
     for boost in (None, 0, 12, 40):
         assert decide(trimmed, boost, now=NOW) == decide(wl, boost, now=NOW)
 
@@ -384,6 +412,16 @@ def test_the_shell_applies_the_annotation_alone_never_forced():
     assert result is not None and result.requeue_after == 30.0  # running: its cost grows
 
 
+def test_the_shell_forces_only_over_kueues_status_echo():
+    echo = _entry("kueue-admission", subresource="status")
+    ours = _entry(FIELD_MANAGER, when=NOW - timedelta(minutes=5))
+    shell = _Shell(workload("36", [ours, echo]), _tp(RUNNING))
+    shell.run()
+    ((body, kw),) = shell.applied
+    assert body["metadata"]["annotations"] == {PRIORITY_BOOST_ANNOTATION: "56"}
+    assert kw == {"field_manager": FIELD_MANAGER, "force": True}
+
+
 def test_the_shell_leaves_a_foreign_annotation_alone():
     shell = _Shell(workload("900", [_entry("platform-boost", operation="Update")]), _tp(RUNNING))
     shell.run()
@@ -427,7 +465,8 @@ def test_a_progress_update_reaches_the_jobs_workload():
 
 async def test_the_workload_informer_starts_only_once_kueue_is_there():
     """Without Kueue the writer waits (the progress controller's informers alone gate
-    readiness); once discovery finds the Workload API, its informer starts and is watched."""
+    readiness); once discovery finds the Workload API, the progress controller's shared Workload
+    informer starts and the writer watches it."""
     client = Client(ClientConfig("http://127.0.0.1:9", qps=None))  # never reached
     manager = Manager(client, port=None)
     progress = ProgressController(manager, clock=FakeClock())
@@ -442,15 +481,21 @@ async def test_the_workload_informer_starts_only_once_kueue_is_there():
         return WORKLOADS
 
     client.resource = resource  # type: ignore[method-assign]
-    assert await ctrl._discover() is False and ctrl.workloads is None
+    watcher = progress.workloads
+    assert await watcher._discover() is False and ctrl.workloads is None
     assert ctrl._progress_to_workloads(_tp(RUNNING)) == []
     assert await ctrl.reconcile(Request("ml", "w")) is None
     served = True
     try:
-        assert await ctrl._discover() is True
-        assert ctrl.workloads is not None and ctrl.workloads.transform is trim_workload
-        assert await ctrl._discover() is True  # once
+        assert await watcher._discover() is True
+        assert ctrl.workloads is not None and ctrl.workloads is watcher.informer
+        assert ctrl.workloads.transform is shared_trim_workload
+        assert await watcher._discover() is True  # once
+        # A consumer that comes later is told at once, with the same informer.
+        seen: list[Any] = []
+        watcher.on_informer(lambda inf, api: seen.append((inf, api)))
+        assert seen == [(watcher.informer, watcher.api)]
     finally:
-        assert ctrl._task is not None
-        ctrl._task.cancel()
+        assert watcher._task is not None
+        watcher._task.cancel()
     await client.close()
