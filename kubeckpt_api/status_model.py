@@ -24,10 +24,11 @@ from trainer_runtime.contract.progress import (
     parse_rfc3339,
 )
 
-# Control, format (bidi overrides, zero-width), surrogate, private-use and line/paragraph
-# separator characters: a progress file is written by user code, and what it holds reaches
-# `kubectl describe` and Events; these could rewrite a terminal or hide text there.
-_UNSAFE = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
+# Control, format (bidi overrides, zero-width), surrogate, private-use, unassigned and
+# line/paragraph separator characters: a progress file is written by user code, and what it holds
+# reaches `kubectl describe` and Events; these could rewrite a terminal or hide text there (an
+# unassigned code point may be given any meaning, a format one included, by a later Unicode).
+_UNSAFE = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 def printable(text: str) -> str:
