@@ -150,9 +150,14 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
         progressing = next(
             (c for c in tp.get("conditions") or [] if c.get("type") == "Progressing"), {}
         )
+        message = progressing.get("message") or ""
         checks.check(
-            progressing.get("reason") == "Suspended",
-            f"the TrainingProgress says Suspended while it waits: {progressing.get('message')}",
+            progressing.get("reason") == "Suspended" and "evicted by Kueue" in message,
+            f"the TrainingProgress says Suspended, evicted by Kueue, while it waits: {message}",
+        )
+        checks.check(
+            f"PyTorchJob {NAMESPACE}/{URGENT}" in message,
+            f"it names the preemptor, PyTorchJob {NAMESPACE}/{URGENT}",
         )
 
         step_title("the high-priority job runs to completion")

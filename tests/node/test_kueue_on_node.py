@@ -49,7 +49,8 @@ def test_kueue_preempts_kubeckpt_saves_and_the_job_resumes_exactly(
     assert "Workload condition Evicted: Preempted" in out, out[-8000:]
     # What the scenario checked, named here so that a silent change of its checks shows.
     for what in (
-        "the TrainingProgress says Suspended while it waits",
+        "the TrainingProgress says Suspended, evicted by Kueue, while it waits",
+        "it names the preemptor, PyTorchJob demo/urgent",
         "the high-priority job finished at step",
         "both ranks resumed at exactly one step",
         "no step lost",
