@@ -18,7 +18,7 @@ from localcluster import LocalCluster, wait_for
 from localcluster.cluster import KWOK_TAINT
 from localcluster.images import IMAGES
 from localcluster.node import REAL_NODE_LABEL, REAL_NODE_TAINT
-from localcluster.pods import running, terminated, wait_pod
+from localcluster.pods import running, wait_pod
 from tests.support.cli_objects import run_cli, tp, training_status
 from tests.support.node_pods import RUNTIME_IMAGE, load_demo, pod
 
@@ -244,7 +244,16 @@ def test_checkpoints_of_a_succeeded_then_deleted_job_through_a_lister_pod(
         {"name": "kubeckpt-storage", "persistentVolumeClaim": {"claimName": "checkpoints"}}
     ]
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
-    done = wait_pod(cluster, ns, f"{job}-master-0", terminated, "to finish", timeout=120)
+    # The phase, not the container state: the kubelet reports the container terminated a
+    # moment before it moves the pod out of Pending/Running.
+    done = wait_pod(
+        cluster,
+        ns,
+        f"{job}-master-0",
+        lambda pod: (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+        "to finish",
+        timeout=120,
+    )
     assert done["status"]["phase"] == "Succeeded", done["status"]
     status = training_status(20, observedPod=f"{job}-master-0")
     status["checkpointing"]["latestCheckpoint"] = f"{uri}/checkpoint-20"
