@@ -32,10 +32,11 @@ among equal boosts again the most recently admitted.
 The trace: N low jobs run from before the trace starts (admitted at random times in the hour
 before), each at its own step time, checkpoint interval and save time, its checkpoints at a
 random phase. High-priority jobs arrive at exponential gaps; each takes one low job's slot and
-holds it for an exponential time; the evicted job is readmitted (first evicted, first back, as
-Kueue requeues by eviction time) when a slot frees, and resumes from its last checkpoint. Lost
-work per preemption: the steps the victim made since its last checkpoint (or since it resumed)
-at the eviction, times its step time. The same seed gives the same arrivals, holds and jobs with
+holds it for an exponential time (`--hold inf`: for good, a burst of evictions among the jobs
+still running, as in kueue_preemption_bench.py without --release); the evicted job is
+readmitted (first evicted, first back, as Kueue requeues by eviction time) when a slot frees,
+and resumes from its last checkpoint. Lost work per preemption: the steps the victim made since
+its last checkpoint (or since it resumed) at the eviction, times its step time. The same seed gives the same arrivals, holds and jobs with
 the signal off and on; what differs is only who is evicted (and so who is readmitted when).
 
 The controller is modelled as it runs: each job's status is polled every `poll` seconds (the
@@ -43,7 +44,7 @@ progress controller's `recent` interval, 30 s by default, plus up to 10 % jitter
 writer reconciles on each poll; a resumed job's status says it is at its checkpoint, boost 0.
 
 Usage: python hack/bench/preemption_sim.py [--jobs 300] [--preemptions 300] [--rounds 5]
-           [--seed 1] [--arrival 60] [--hold 1800] [--json]
+           [--seed 1] [--arrival 60] [--hold 1800|inf] [--poll 30] [--json]
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import random
 import statistics
 import sys
@@ -216,7 +218,9 @@ def make_trace(seed: int, *, jobs: int, preemptions: int, arrival: float, hold: 
     for _ in range(preemptions):
         t += rng.expovariate(1 / arrival)
         arrivals.append(t)
-    holds = tuple(rng.expovariate(1 / hold) for _ in range(preemptions))
+    # hold = inf: high jobs never finish, so evicted jobs never return (a burst).
+    holds = tuple(rng.expovariate(1 / hold) if math.isfinite(hold) else math.inf
+                  for _ in range(preemptions))  # fmt: skip
     phases = tuple(rng.random() for _ in range(jobs))
     return Trace(tuple(specs), tuple(arrivals), holds, phases)
 
@@ -331,7 +335,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=5, help="seeds seed .. seed + rounds - 1")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--arrival", type=float, default=60.0, help="mean seconds between arrivals")
-    ap.add_argument("--hold", type=float, default=1800.0, help="mean seconds a high job runs")
+    ap.add_argument(
+        "--hold", type=float, default=1800.0, help="mean seconds a high job runs (inf: forever)"
+    )
     ap.add_argument("--poll", type=float, default=30.0, help="seconds between status polls")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

@@ -78,3 +78,11 @@ def test_the_model_reads_the_boost_from_the_controllers_own_code() -> None:
     job.running = False
     sim.reconcile(job, 1201.0, sim.CostSettings(), sim.WriteRule())
     assert job.boost == 0  # Suspended: neutral
+
+
+def test_in_a_burst_without_readmission_the_signal_halves_the_work_lost_too() -> None:
+    trace = make_trace(1, jobs=60, preemptions=40, arrival=60.0, hold=float("inf"))
+    off, on = run(trace, signal=False), run(trace, signal=True)
+    assert len(off.lost_seconds) == len(on.lost_seconds) == 40
+    assert len(set(off.victims)) == len(set(on.victims)) == 40  # nobody comes back
+    assert sum(on.lost_seconds) <= 0.5 * sum(off.lost_seconds)
