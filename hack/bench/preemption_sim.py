@@ -36,8 +36,10 @@ holds it for an exponential time (`--hold inf`: for good, a burst of evictions a
 still running, as in kueue_preemption_bench.py without --release); the evicted job is
 readmitted (first evicted, first back, as Kueue requeues by eviction time) when a slot frees,
 and resumes from its last checkpoint. Lost work per preemption: the steps the victim made since
-its last checkpoint (or since it resumed) at the eviction, times its step time. The same seed gives the same arrivals, holds and jobs with
-the signal off and on; what differs is only who is evicted (and so who is readmitted when).
+its last checkpoint (or since it resumed) at the eviction, times its step time. The same seed
+gives the same arrivals, holds and jobs with the signal off and on; what differs is only who is
+evicted (and so who is readmitted when). A resumed job keeps its checkpoint phase (checkpoints
+at fixed step numbers, like HF Trainer's save_steps).
 
 The controller is modelled as it runs: each job's status is polled every `poll` seconds (the
 progress controller's `recent` interval, 30 s by default, plus up to 10 % jitter), and the
