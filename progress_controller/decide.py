@@ -140,6 +140,26 @@ def _checkpoint_events(
     return [Event("Normal", "CheckpointSaved", f"checkpoint at {at_step}: {latest}")]
 
 
+def _failed_save_events(
+    ck: dict[str, Any], prev_ck: dict[str, Any], *, same_process: bool
+) -> list[Event]:
+    """CheckpointFailed, once per failed save (a periodic one, or the stop's): the runtime counts
+    its process's failures (`failedSaves`) and says why (`lastError`). The message names the
+    checkpoint the next resume comes from, since that is what the failure costs."""
+    failed = ck.get("failedSaves")
+    if not isinstance(failed, int) or failed <= 0:
+        return []
+    before = prev_ck.get("failedSaves") if same_process else 0
+    if isinstance(before, int) and failed <= before:
+        return []
+    at = ck.get("lastFailedStep")
+    where = f" at step {at}" if isinstance(at, int) else ""
+    why = ck.get("lastError") or "no reason given"
+    latest = ck.get("latestCheckpoint")
+    then = f"; a resume comes from {latest}" if latest else "; no checkpoint to resume from yet"
+    return [Event("Warning", "CheckpointFailed", f"a save failed{where}: {why}{then}")]
+
+
 def _checkpoint_step(location: str) -> int | None:
     name = location.rstrip("/").rsplit("/", 1)[-1]
     prefix, _, number = name.rpartition("-")
@@ -243,6 +263,7 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
                     now,
                 )
             events += _checkpoint_events(ck, prev_ck, rec.step, obs)
+            events += _failed_save_events(ck, prev_ck, same_process=same_process)
             # Stalled clears when the step advances.
             if prev_step is None or rec.step != prev_step:
                 if (c := condition(conds, STALLED)) is not None and c.get("status") == "True":
