@@ -278,6 +278,16 @@ def install_and_prepare(
     checks.check(True, "webhook (2 replicas) and reconciler (2, leader-elected) rolled out")
 
     step_title(f"an opted-in namespace {NAMESPACE!r}: a CheckpointPolicy, a PVC, a Secret")
+    # An earlier run's namespace (and its PV) may still be going (pods in their grace period).
+    wait_for(
+        lambda: (
+            cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0
+            and cluster.kubectl("get", "pv", f"{NAMESPACE}-checkpoints", check=False).returncode
+            != 0
+        ),
+        f"an earlier {NAMESPACE!r} namespace and its volume to go",
+        timeout=300,
+    )
     cluster.kubectl("create", "namespace", NAMESPACE)
     if not own:  # the test session's cluster: keep its local test webhook out of the demo
         cluster.kubectl("label", "namespace", NAMESPACE, f"{ADDON_ONLY_LABEL}=true")
@@ -563,7 +573,8 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
 
 def _remove_demo(cluster: LocalCluster) -> None:
     cluster.kubectl("delete", "namespace", NAMESPACE, "--timeout=120s", check=False, timeout=150)
-    cluster.kubectl("delete", "pv", f"{NAMESPACE}-checkpoints", check=False)
+    # Not waited for: the PV's protection finalizer goes with the claim, once the namespace is.
+    cluster.kubectl("delete", "pv", f"{NAMESPACE}-checkpoints", "--wait=false", check=False)
 
 
 def main() -> int:

@@ -204,7 +204,7 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
 
 def _remove(cluster: LocalCluster, *, stop_kueue: bool) -> None:
     cluster.kubectl("delete", "namespace", NAMESPACE, "--timeout=120s", check=False, timeout=150)
-    cluster.kubectl("delete", "pv", f"{NAMESPACE}-checkpoints", check=False)
+    cluster.kubectl("delete", "pv", f"{NAMESPACE}-checkpoints", "--wait=false", check=False)
     cluster.kubectl("delete", "clusterqueue", f"cq-{NAMESPACE}", "--ignore-not-found", check=False)
     if stop_kueue:
         cluster.stop_kueue()

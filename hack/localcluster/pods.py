@@ -37,8 +37,11 @@ def pod_problem(pod: dict[str, Any]) -> str | None:
                 "`make images` (hack/images/build.sh), or use a kubeckpt.local/ image that "
                 "script builds"
             )
-        if reason in CONFIG_REASONS:
-            return f"pod {name}, container {cs['name']}: {reason}: {waiting.get('message', '')}"
+        message = waiting.get("message", "")
+        # "failed to sync secret/configmap cache: timed out": the kubelet's informer was slow (a
+        # loaded machine) and it retries; a missing Secret or key says so otherwise.
+        if reason in CONFIG_REASONS and "failed to sync" not in message:
+            return f"pod {name}, container {cs['name']}: {reason}: {message}"
     return None
 
 

@@ -86,7 +86,7 @@ async def _fill_and_preempt(
     manager = Manager(client, name=f"choice-{ns}", port=None, drain_timeout=1.0)
     progress_ctrl = ProgressController(manager, settings=FAST)
     if signal:
-        PreemptionCostController(manager, progress_ctrl, discovery_interval=1.0)
+        PreemptionCostController(manager, progress_ctrl)
     task = asyncio.create_task(manager.run())
     try:
         # just-saved: 5 steps (50 s) at risk; saved-long-ago: 900 steps (9000 s).
