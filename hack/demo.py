@@ -558,20 +558,30 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
         )
         return report(cluster, checks, t_start, keep=args.keep and own)
     except Exception as e:
-        say(f"\nFAIL: {type(e).__name__}: {e}")
-        show(cluster, "get", "pods,tp,events", "-n", NAMESPACE, "-o", "wide")
-        for p in PODS:
-            say(f"--- logs {p} ---\n{logs(cluster, p)[-3000:]}")
-        return 1
+        return failed(cluster, e, "pods,tp,events")
     finally:
         if own:
-            cluster.stop()
-            say("\n== cluster stopped: processes, containers, mounts, network and iptables rules")
+            stop_cluster(cluster)
         else:
-            _remove_demo(cluster)
+            remove_demo(cluster)
 
 
-def _remove_demo(cluster: LocalCluster) -> None:
+def failed(cluster: LocalCluster, e: Exception, resources: str) -> int:
+    """A run that raised: the error, the namespace's `resources` and the job's logs; status 1."""
+    say(f"\nFAIL: {type(e).__name__}: {e}")
+    show(cluster, "get", resources, "-n", NAMESPACE, "-o", "wide")
+    for p in PODS:
+        say(f"--- logs {p} ---\n{logs(cluster, p)[-3000:]}")
+    return 1
+
+
+def stop_cluster(cluster: LocalCluster) -> None:
+    cluster.stop()
+    say("\n== cluster stopped: processes, containers, mounts, network and iptables rules")
+
+
+def remove_demo(cluster: LocalCluster) -> None:
+    """The demo's namespace and volume, off a cluster the demo did not start (the tests')."""
     cluster.kubectl("delete", "namespace", NAMESPACE, "--timeout=120s", check=False, timeout=150)
     # Not waited for: the PV's protection finalizer goes with the claim, once the namespace is.
     cluster.kubectl("delete", "pv", f"{NAMESPACE}-checkpoints", "--wait=false", check=False)

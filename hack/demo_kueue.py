@@ -33,15 +33,18 @@ from demo import (
     check_resumed,
     condition,
     demo_job,
+    failed,
     follow_until_half,
     install_and_prepare,
     job_condition,
     logs,
     progress_file,
+    remove_demo,
     report,
     say,
     show,
     step_title,
+    stop_cluster,
     tp_status,
 )
 
@@ -189,22 +192,16 @@ def run(args: argparse.Namespace, work: Path, cluster: LocalCluster | None = Non
         )
         return report(cluster, checks, t_start, keep=args.keep and own)
     except Exception as e:
-        say(f"\nFAIL: {type(e).__name__}: {e}")
-        show(cluster, "get", "workloads,pods,tp,events", "-n", NAMESPACE, "-o", "wide")
-        for p in PODS:
-            say(f"--- logs {p} ---\n{logs(cluster, p)[-3000:]}")
-        return 1
+        return failed(cluster, e, "workloads,pods,tp,events")
     finally:
         if own:
-            cluster.stop()
-            say("\n== cluster stopped: processes, containers, mounts, network and iptables rules")
+            stop_cluster(cluster)
         else:
             _remove(cluster, stop_kueue=not kueue_was_up)
 
 
 def _remove(cluster: LocalCluster, *, stop_kueue: bool) -> None:
-    cluster.kubectl("delete", "namespace", NAMESPACE, "--timeout=120s", check=False, timeout=150)
-    cluster.kubectl("delete", "pv", f"{NAMESPACE}-checkpoints", "--wait=false", check=False)
+    remove_demo(cluster)
     cluster.kubectl("delete", "clusterqueue", f"cq-{NAMESPACE}", "--ignore-not-found", check=False)
     if stop_kueue:
         cluster.stop_kueue()

@@ -174,7 +174,6 @@ def boost_for_cost(cost: float, settings: CostSettings = CostSettings()) -> int:
         return 0
     if cost >= settings.horizon_seconds:
         return settings.max_boost
-        return 0
     scale = math.log1p(settings.horizon_seconds / settings.unit_seconds)
     fraction = math.log1p(cost / settings.unit_seconds) / scale
     return min(settings.max_boost, math.floor(settings.max_boost * fraction))

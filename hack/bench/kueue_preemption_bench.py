@@ -59,6 +59,7 @@ sys.path[:0] = [str(REPO), str(REPO / "hack"), str(REPO / "hack" / "bench")]
 from preemption_sim import LOW_PRIORITY, Candidate, kueue_victim  # noqa: E402
 
 from localcluster import LocalCluster  # noqa: E402
+from localcluster.kueue import queue_objects  # noqa: E402
 from progress_controller.controller import ProgressController  # noqa: E402
 from progress_controller.preemption_cost import PRIORITY_BOOST_ANNOTATION  # noqa: E402
 from progress_controller.preemption_cost_controller import PreemptionCostController  # noqa: E402
@@ -86,35 +87,8 @@ FAST = PollSettings(
 
 def queues(ns: str, slots: int) -> list[dict[str, Any]]:
     """Priority classes, a flavor, a ClusterQueue with room for `slots` jobs, its LocalQueue."""
-    quota = [
-        {"name": "cpu", "nominalQuota": f"{slots * 10}m"},
-        {"name": "memory", "nominalQuota": "100Gi"},
-    ]
-    k = "kueue.x-k8s.io/v1beta2"
-    return [
-        {"apiVersion": k, "kind": "WorkloadPriorityClass", "metadata": {"name": "low"},
-         "value": LOW_PRIORITY},
-        {"apiVersion": k, "kind": "WorkloadPriorityClass", "metadata": {"name": "high"},
-         "value": HIGH_PRIORITY},
-        {"apiVersion": k, "kind": "ResourceFlavor", "metadata": {"name": "default-flavor"}},
-        {
-            "apiVersion": k,
-            "kind": "ClusterQueue",
-            "metadata": {"name": f"cq-{ns}"},
-            "spec": {
-                "namespaceSelector": {},
-                "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu", "memory"],
-                        "flavors": [{"name": "default-flavor", "resources": quota}],
-                    }
-                ],
-            },
-        },
-        {"apiVersion": k, "kind": "LocalQueue", "metadata": {"name": "lq", "namespace": ns},
-         "spec": {"clusterQueue": f"cq-{ns}"}},
-    ]  # fmt: skip
+    priorities = {"low": LOW_PRIORITY, "high": HIGH_PRIORITY}
+    return queue_objects(ns, cpu=f"{slots * 10}m", memory="100Gi", priorities=priorities)
 
 
 def job(name: str, ns: str, priority: str, progress_file: str | None) -> dict[str, Any]:

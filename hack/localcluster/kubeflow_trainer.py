@@ -135,8 +135,9 @@ class TrainerStack:
         c = self.cluster
         assert c.workdir is not None and c.binaries is not None
         d = c.workdir / "trainer"
-        files = sorted(c.binaries.require_trainer().jobset_manifests.glob("crds/*.yaml"))
-        files += sorted(c.binaries.require_trainer().trainer_manifests.glob("crds/*.yaml"))
+        built = c.binaries.require_trainer()
+        files = sorted(built.jobset_manifests.glob("crds/*.yaml"))
+        files += sorted(built.trainer_manifests.glob("crds/*.yaml"))
         args = [
             "apply",
             "--server-side",
@@ -150,12 +151,12 @@ class TrainerStack:
             c.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
         ca_pem = (d / "ca.crt").read_bytes()
         hooks = webhooks_by_url(
-            self._render(c.binaries.require_trainer().jobset_manifests / "webhook"),
+            self._render(built.jobset_manifests / "webhook"),
             f"https://127.0.0.1:{c.ports['jobset_webhook']}",
             ca_pem,
         )
         hooks += webhooks_by_url(
-            self._render(c.binaries.require_trainer().trainer_manifests / "webhook"),
+            self._render(built.trainer_manifests / "webhook"),
             f"https://127.0.0.1:{c.ports['trainer_webhook']}",
             ca_pem,
         )

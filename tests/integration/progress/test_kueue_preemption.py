@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import pytest
 from progress_support import (
     FAST,
     cond,
@@ -31,7 +29,7 @@ from progress_support import (
 )
 
 from localcluster import LocalCluster
-from localcluster.binaries import MissingBinaries
+from localcluster.kueue import queue_objects
 from progress_controller.controller import ProgressController
 from progress_controller.preemption_cost import PRIORITY_BOOST_ANNOTATION, boost_for_cost
 from progress_controller.preemption_cost_controller import PreemptionCostController
@@ -49,61 +47,11 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 COMPONENT = "kubeckpt-reconciler"
 
 
-@pytest.fixture(scope="module")
-def kueue(cluster: LocalCluster) -> Iterator[LocalCluster]:
-    try:
-        cluster.start_kueue()
-    except MissingBinaries as e:
-        pytest.fail(f"{e}\nBuild Kueue with hack/build-binaries.sh.", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop_kueue()
-
-
 def _setup(cluster: LocalCluster, ns: str) -> None:
     """A ClusterQueue with room for one job (one CPU), which preempts by priority, its
     LocalQueue `lq`, and the two WorkloadPriorityClasses."""
-    quota = [{"name": "cpu", "nominalQuota": "1"}]
-    cluster.apply(
-        [
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ResourceFlavor",
-                "metadata": {"name": "default-flavor"},
-            },
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ClusterQueue",
-                "metadata": {"name": f"cq-{ns}"},
-                "spec": {
-                    "namespaceSelector": {},
-                    "preemption": {"withinClusterQueue": "LowerPriority"},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["cpu"],
-                            "flavors": [{"name": "default-flavor", "resources": quota}],
-                        }
-                    ],
-                },
-            },
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "LocalQueue",
-                "metadata": {"name": "lq", "namespace": ns},
-                "spec": {"clusterQueue": f"cq-{ns}"},
-            },
-            *(
-                {
-                    "apiVersion": "kueue.x-k8s.io/v1beta2",
-                    "kind": "WorkloadPriorityClass",
-                    "metadata": {"name": f"{level}-{ns}"},
-                    "value": value,
-                }
-                for level, value in (("low", 100), ("high", 10_000))
-            ),
-        ]
-    )
+    priorities = {f"{level}-{ns}": value for level, value in (("low", 100), ("high", 10_000))}
+    cluster.apply(queue_objects(ns, cpu="1", priorities=priorities))
 
 
 def _teardown(cluster: LocalCluster, ns: str) -> None:

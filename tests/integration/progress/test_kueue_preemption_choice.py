@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 from bench.kueue_preemption_bench import job, queues
 from progress_support import FAST, progress, write_atomic
 
 from localcluster import LocalCluster
-from localcluster.binaries import MissingBinaries
 from progress_controller.controller import ProgressController
 from progress_controller.preemption_cost import PRIORITY_BOOST_ANNOTATION
 from progress_controller.preemption_cost_controller import PreemptionCostController
@@ -28,18 +25,6 @@ from reconciler.manager import Manager
 from tests.support.cluster_clients import eventually
 
 STEP_SECONDS = 10
-
-
-@pytest.fixture(scope="module")
-def kueue(cluster: LocalCluster) -> Iterator[LocalCluster]:
-    try:
-        cluster.start_kueue()
-    except MissingBinaries as e:
-        pytest.fail(f"{e}\nBuild Kueue with hack/build-binaries.sh.", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop_kueue()
 
 
 def _record(step: int, checkpoint_step: int) -> bytes:

@@ -8,7 +8,6 @@ boost current as the job's work at risk grows and falls with a new checkpoint.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,7 +15,6 @@ import pytest
 from progress_support import FAST, progress, pytorchjob, write_atomic
 
 from localcluster import LocalCluster
-from localcluster.binaries import MissingBinaries
 from localcluster.kueue import queue_objects
 from progress_controller.controller import ProgressController
 from progress_controller.preemption_cost import PRIORITY_BOOST_ANNOTATION, boost_for_cost
@@ -36,18 +34,6 @@ from reconciler.manager import Manager
 from tests.support.cluster_clients import eventually
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-
-@pytest.fixture(scope="module")
-def kueue(cluster: LocalCluster) -> Iterator[LocalCluster]:
-    try:
-        cluster.start_kueue()
-    except MissingBinaries as e:
-        pytest.fail(f"{e}\nBuild Kueue with hack/build-binaries.sh.", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop_kueue()
 
 
 async def _queued_job_workload(client: Client, namespace: str) -> tuple[dict, dict]:
