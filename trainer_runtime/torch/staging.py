@@ -162,5 +162,8 @@ class Stager:
             staged._late_event.record(side)
         # Buffers (BatchNorm statistics...) are changed by the next forward: wait for them now.
         torch.cuda.current_stream().wait_event(staged._early_event)
+        # Only device tensors have a caching allocator to tell; a CUDA model's state can hold CPU
+        # tensors too (Adam's `step` counts), on which record_stream does not exist.
         for src, _ in early + deferred:
-            src.record_stream(side)
+            if src.is_cuda:
+                src.record_stream(side)
