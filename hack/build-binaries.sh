@@ -366,16 +366,16 @@ build_kubernetes_kubectl() {
   touch "$out/.complete"
 }
 
-# What each purpose builds. demo: what `make demo` starts (the control plane, KWOK, the
-# training-operator, the real node: about half the cold build); demo-kueue: that and Kueue
-# (`make demo DEMO_ARGS=--kueue`). all: everything the tests start (Kubeflow Trainer and JobSet,
-# Kueue, Prometheus, tmux).
+# What each purpose builds. demo: what `make demo` starts (the control plane, the
+# training-operator, the real node: about half the cold build; the demo's cluster has no KWOK
+# node, so no KWOK); demo-kueue: that and Kueue (`make demo DEMO_ARGS=--kueue`). all: everything
+# the tests start (KWOK, Kubeflow Trainer and JobSet, Kueue, Prometheus, tmux).
 # Three lanes run at once: the Kubernetes builds (the longest), the other Go builds, the Debian
 # packages. Go's module and build caches are safe to share between concurrent builds; the overlap
 # hides downloads behind compiling, which a 2-core machine otherwise waits for.
 LANE_K8S=(kubernetes kubernetes_node kubectl)
-LANE_GO_DEMO=(etcd kwok training_operator coredns)
-LANE_GO_ALL=(jobset trainer kueue prometheus)
+LANE_GO_DEMO=(etcd training_operator coredns)
+LANE_GO_ALL=(kwok jobset trainer kueue prometheus)
 LANE_APT_DEMO=(node_packages)
 LANE_APT_ALL=(test_packages)
 

@@ -31,9 +31,6 @@ class Binaries:
     kube_apiserver: Path
     kube_controller_manager: Path
     kube_scheduler: Path
-    kwok: Path
-    kwok_crds: Path
-    kwok_stages: Path
     training_operator: Path
     training_operator_crds: Path
     kubectl: Path
@@ -45,6 +42,10 @@ class Binaries:
     # Optional: what `build-binaries.sh --for demo` leaves out (the demo starts none of them), and
     # what an env file written before a component was pinned lacks. The code that starts one asks
     # for it with `require_*`, which raises MissingBinaries saying how to build it.
+    # KWOK: the fake nodes (a cluster with `nodes=0`, the demo's, starts no KWOK).
+    kwok: Path | None = None
+    kwok_crds: Path | None = None
+    kwok_stages: Path | None = None
     jobset: Path | None = None
     jobset_manifests: Path | None = None
     trainer: Path | None = None
@@ -71,6 +72,11 @@ class Binaries:
         return TrainerBinaries(
             *self._require("jobset", "jobset_manifests", "trainer", "trainer_manifests")
         )
+
+    def require_kwok(self) -> tuple[Path, Path, Path]:
+        """KWOK's binary, its CRDs and its stages, or MissingBinaries."""
+        binary, crds, stages = self._require("kwok", "kwok_crds", "kwok_stages")
+        return binary, crds, stages
 
     def require_prometheus(self) -> Path:
         """Prometheus's binary, or MissingBinaries."""

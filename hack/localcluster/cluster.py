@@ -579,13 +579,20 @@ class LocalCluster:
                 "--v=1",
             ],
         )
+        if self.nodes:
+            self._start_kwok(kc, d)
+
+    def _start_kwok(self, kc: str, d: Path) -> None:
+        """KWOK, for the fake nodes; a cluster without any (the demo's) does not start it."""
+        assert self.binaries is not None and self.workdir is not None
+        kwok, _, kwok_stage_dir = self.binaries.require_kwok()
         kwok_config = self.workdir / "kwok.yaml"
-        stages = sorted(self.binaries.kwok_stages.glob("*.yaml"))
+        stages = sorted(kwok_stage_dir.glob("*.yaml"))
         kwok_config.write_text(kwok_stages([s.read_text() for s in stages]))
         self._spawn(
             "kwok",
             [
-                str(self.binaries.kwok),
+                str(kwok),
                 f"--kubeconfig={kc}",
                 f"--config={kwok_config}",
                 f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
@@ -607,7 +614,10 @@ class LocalCluster:
     def _install_crds(self) -> None:
         assert self.binaries is not None
         files: list[Path] = []
-        for d in (OUR_CRDS, self.binaries.training_operator_crds, self.binaries.kwok_crds):
+        dirs = [OUR_CRDS, self.binaries.training_operator_crds]
+        if self.nodes:
+            dirs.append(self.binaries.require_kwok()[1])
+        for d in dirs:
             files += sorted(d.glob("*.yaml"))
         if not any(f.parent == OUR_CRDS for f in files):
             raise ClusterError(f"no CRDs found in {OUR_CRDS}")
@@ -750,7 +760,8 @@ class LocalCluster:
             ]
             return len(ready) >= self.nodes
 
-        wait_ready("KWOK nodes Ready and untainted", self.procs["kwok"], nodes_ready, 30)
+        if self.nodes:
+            wait_ready("KWOK nodes Ready and untainted", self.procs["kwok"], nodes_ready, 30)
 
         def default_sa() -> bool:
             self.get_json("/api/v1/namespaces/default/serviceaccounts/default")

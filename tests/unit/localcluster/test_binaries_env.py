@@ -1,6 +1,7 @@
-"""Reading the binaries env file: what the demo starts is required; the rest (Trainer and JobSet,
-Prometheus, Kueue) is optional, so that `build-binaries.sh --for demo` and an env file written
-before Kueue was pinned still serve what does not start them, and asked for where it starts."""
+"""Reading the binaries env file: what the demo starts is required; the rest (KWOK, Trainer and
+JobSet, Prometheus, Kueue) is optional, so that `build-binaries.sh --for demo` and an env file
+written before Kueue was pinned still serve what does not start them, and asked for where it
+starts."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from localcluster.binaries import Binaries, MissingBinaries
 
 OPTIONAL = ["JOBSET", "JOBSET_MANIFESTS", "TRAINER", "TRAINER_MANIFESTS", "PROMETHEUS"]
-OPTIONAL += ["KUEUE", "KUEUE_MANIFESTS"]
+OPTIONAL += ["KUEUE", "KUEUE_MANIFESTS", "KWOK", "KWOK_CRDS", "KWOK_STAGES"]
 REQUIRED = [f.upper() for f in Binaries.__dataclass_fields__ if f.upper() not in OPTIONAL]
 
 
@@ -54,9 +55,14 @@ def test_a_demo_env_file_reads_and_refuses_what_it_lacks(tmp_path: Path) -> None
         binaries.require_trainer()
     with pytest.raises(MissingBinaries, match="KUBECKPT_PROMETHEUS"):
         binaries.require_prometheus()
+    # The demo's cluster has no KWOK node: KWOK is asked for only by a cluster that has some.
+    with pytest.raises(MissingBinaries, match=r"KUBECKPT_KWOK.*KUBECKPT_KWOK_STAGES"):
+        binaries.require_kwok()
     full = Binaries.from_env_file(_env(tmp_path, [*REQUIRED, *OPTIONAL]))
     assert full.require_trainer().trainer_manifests == tmp_path / "trainer_manifests"
     assert full.require_prometheus() == tmp_path / "prometheus"
+    kwok = ("kwok", "kwok_crds", "kwok_stages")
+    assert full.require_kwok() == tuple(tmp_path / n for n in kwok)
 
 
 @pytest.mark.parametrize("missing", ["ETCD", "KUBELET", "TRAINING_OPERATOR", "COREDNS"])
