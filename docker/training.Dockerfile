@@ -5,6 +5,10 @@
 # libraries link against (it would not import without them) and drops the rest and triton, in
 # the same RUN so that the layer never holds them.
 ARG BASE=python:3.11-slim
+# The dependencies, by default the `deps` stage below. hack/images/build.sh builds that stage alone
+# (--target deps) under a tag keyed by its inputs and passes the tag as DEPS, so that a change to
+# the project rebuilds only the last layers (seconds), not the 5-minute pip install.
+ARG DEPS=deps
 
 FROM ${BASE} AS deps
 # pip verifies TLS against the system's CA bundle (hack/images/build.sh mounts this machine's there).
@@ -12,12 +16,11 @@ ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 COPY docker/training-requirements.txt docker/prune_cuda.py /tmp/
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir -r /tmp/training-requirements.txt \
-    && /opt/venv/bin/python /tmp/prune_cuda.py /opt/venv/lib/python3.11/site-packages
+    && /opt/venv/bin/python /tmp/prune_cuda.py /opt/venv/lib/python3.11/site-packages \
+    && rm /tmp/training-requirements.txt /tmp/prune_cuda.py
 
-FROM ${BASE}
-ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
-COPY --from=deps /opt/venv /opt/venv
-# The project last: a change to it rebuilds only this small layer.
+FROM ${DEPS}
+# The project last: a change to it rebuilds only these small layers.
 COPY pyproject.toml /src/
 COPY trainer_runtime /src/trainer_runtime
 # (README.md, pyproject's long description: a stand-in, so that doc edits rebuild nothing.)

@@ -71,10 +71,14 @@ compute_keys() {
     sha256sum | cut -c1-16)
   KEY[runtime]=$(printf '%s %s' "$b" "$(hash_inputs docker/runtime.Dockerfile trainer_runtime)" |
     sha256sum | cut -c1-16)
-  KEY[training]=$(printf '%s %s' "$b" "$(hash_inputs docker/training.Dockerfile \
-    docker/training-requirements.txt docker/prune_cuda.py pyproject.toml trainer_runtime)" |
-    sha256sum | cut -c1-16)
+  # The training image's dependencies (its Dockerfile's `deps` stage), a tagged image of the
+  # store rather than an archive: nothing runs it, and the training build starts from it.
+  KEY[training_deps]=$(printf '%s %s' "$b" "$(hash_inputs docker/training.Dockerfile \
+    docker/training-requirements.txt docker/prune_cuda.py)" | sha256sum | cut -c1-16)
+  KEY[training]=$(printf '%s %s' "${KEY[training_deps]}" "$(hash_inputs docker/training.Dockerfile \
+    pyproject.toml trainer_runtime)" | sha256sum | cut -c1-16)
 }
+DEPS_REPO=kubeckpt.local/kubeckpt-training-deps
 
 archive() { printf '%s/%s-%s.tar' "$OUT" "$1" "${KEY[$1]}"; }
 
@@ -168,15 +172,29 @@ build_pause() {
   bah commit --quiet --rm "$c" "${IMAGE[pause]}" >&2
 }
 
-build_dockerfile() { # $1: name, $2: Dockerfile (relative to the repository)
-  local name=$1 file=$2
+build_dockerfile() { # $1: name, $2: Dockerfile (relative to the repository), $3: tag, then bud's
+  local name=$1 file=$2 tag=$3
+  shift 3
   log "$name: buildah bud -f $file (BASE=${IMAGE[base]})"
   # pip in the build verifies TLS with this machine's CA bundle (which may hold a local proxy's
   # CA), mounted for the RUN steps only: the image keeps Debian's own.
   local ca=() bundle=/etc/ssl/certs/ca-certificates.crt
   [ -f "$bundle" ] && ca=(--volume "$bundle:$bundle:ro")
   bah bud --quiet --isolation chroot --layers --format docker "${ca[@]}" \
-    --build-arg "BASE=${IMAGE[base]}" -f "$repo/$file" -t "${IMAGE[$name]}" "$repo" >&2
+    --build-arg "BASE=${IMAGE[base]}" "$@" -f "$repo/$file" -t "$tag" "$repo" >&2
+}
+
+# The training image's dependencies, kept in the store under a tag keyed by their inputs: the
+# prune at the end of a build removes untagged layers, which were the pip install's cache, so
+# every change to trainer_runtime reinstalled torch (5 to 7 minutes) before this.
+ensure_training_deps() {
+  DEPS_TAG="$DEPS_REPO:${KEY[training_deps]}"
+  bah inspect --type image "$DEPS_TAG" >/dev/null 2>&1 && return
+  build_dockerfile training_deps docker/training.Dockerfile "$DEPS_TAG" --target deps
+  local old
+  for old in $(bah images --format '{{.Name}}:{{.Tag}}' "$DEPS_REPO" 2>/dev/null); do
+    [ "$old" = "$DEPS_TAG" ] || bah rmi "$old" >/dev/null 2>&1 || true
+  done
 }
 
 ensure_base_in_store() {
@@ -191,10 +209,15 @@ build() { # $1: name
   case $1 in
     base) build_base ;;
     pause) build_pause ;;
-    init) ensure_base_in_store; build_dockerfile init docker/pytorch-init.Dockerfile ;;
-    controller) ensure_base_in_store; build_dockerfile controller Dockerfile ;;
-    runtime) ensure_base_in_store; build_dockerfile runtime docker/runtime.Dockerfile ;;
-    training) ensure_base_in_store; build_dockerfile training docker/training.Dockerfile ;;
+    init) ensure_base_in_store; build_dockerfile init docker/pytorch-init.Dockerfile "${IMAGE[init]}" ;;
+    controller) ensure_base_in_store; build_dockerfile controller Dockerfile "${IMAGE[controller]}" ;;
+    runtime) ensure_base_in_store; build_dockerfile runtime docker/runtime.Dockerfile "${IMAGE[runtime]}" ;;
+    training)
+      ensure_base_in_store
+      ensure_training_deps
+      build_dockerfile training docker/training.Dockerfile "${IMAGE[training]}" \
+        --build-arg "DEPS=$DEPS_TAG"
+      ;;
   esac
   save "$1"
   log "$1: ${IMAGE[$1]} built in $((SECONDS - t0)) s: $(du -h "$(archive "$1")" | cut -f1)"
