@@ -324,6 +324,8 @@ class Stager:
         room = budget - sum(nbytes(b) for b in staged_whole.values())
         capacity = chunk_capacity(max(1, chunked_bytes), room)
         cuda = any(_local(t).is_cuda for _, t in iter_tensors(tree))
+        if cuda:  # pinned memory comes from CUDA's host allocator in powers of two
+            capacity = 1 << (capacity.bit_length() - 1)
         buf = self._chunk_buffer
         if buf is None or len(buf) != capacity or buf.is_pinned() != cuda:
             self._chunk_buffer = None
