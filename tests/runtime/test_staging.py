@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,8 @@ import torch
 from harness import REPO, assert_same_files, ckpt_env, process_env
 from train_job import train
 
-from trainer_runtime.contract import read_manifest
+from trainer_runtime.contract import MANIFEST_REASON, is_complete, read_manifest
+from trainer_runtime.torch.staging import Chunked
 
 WIDTH = 1024  # ~13 MiB of parameters and Adam state: several 1 MiB chunks, tensors split
 BUDGET = str(3 * 1024 * 1024)
@@ -41,11 +44,18 @@ def _files(checkpoint: Path) -> list[tuple[str, int, object]]:
     return sorted((f.path, f.size, f.checksum) for f in read_manifest(checkpoint).files)
 
 
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run staged whole (no budget), start to end: the checkpoints and final state to match."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("whole")
+    assert _run(root, 40)["failed_saves"] == 0
+    return root
+
+
 def test_chunked_saves_write_the_same_checkpoints_and_resume_bitwise(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, whole_run: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    whole = _run(tmp_path / "whole", 40)
-    assert whole["failed_saves"] == 0
     with caplog.at_level(logging.INFO, logger="trainer_runtime.torch"):
         part = _run(tmp_path / "chunked", 20, KUBECKPT_STAGING_BUDGET_BYTES=BUDGET)
     assert part["failed_saves"] == 0
@@ -53,15 +63,48 @@ def test_chunked_saves_write_the_same_checkpoints_and_resume_bitwise(
     for step in (7, 14):  # persistent every 7 steps: the same files, byte for byte
         name = f"checkpoint-{step}"
         chunked = _files(tmp_path / "chunked" / "persistent" / name)
-        assert chunked == _files(tmp_path / "whole" / "persistent" / name), name
+        assert chunked == _files(whole_run / "persistent" / name), name
         assert sum(size for _, size, _ in chunked) > 4 * int(BUDGET)
 
     resumed = _run(tmp_path / "chunked", 40, KUBECKPT_STAGING_BUDGET_BYTES=BUDGET)
     assert (resumed["resumed_from"], resumed["resumed_tier"]) == ("checkpoint-18", "local")
     assert resumed["failed_saves"] == 0
     assert_same_files(
-        tmp_path / "whole" / "status" / "final-0.pt", tmp_path / "chunked" / "status" / "final-0.pt"
+        whole_run / "status" / "final-0.pt", tmp_path / "chunked" / "status" / "final-0.pt"
     )
+
+
+def test_sigterm_in_the_middle_of_a_chunked_save(
+    tmp_path: Path, whole_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM arrives while the writer is between two chunks of the step-7 persistent save: that
+    save commits, the just-in-time save follows at the step where the stop lands, and the run
+    resumed from it ends bitwise equal to the one never stopped."""
+    copy = Chunked._copy
+    calls = {"in_persistent": False}
+
+    def copy_then_signal(self: Chunked, local: list, chunk: list) -> None:
+        copy(self, local, chunk)
+        if self.chunks_copied == 2 and not calls["in_persistent"]:
+            if any(p.name == "checkpoint-7" for p in (tmp_path / "persistent").glob("*")):
+                calls["in_persistent"] = True
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets a flag
+
+    monkeypatch.setattr(Chunked, "_copy", copy_then_signal)
+    try:
+        first = _run(tmp_path, 40, KUBECKPT_STAGING_BUDGET_BYTES=BUDGET)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert calls["in_persistent"], "the signal was never sent inside the step-7 save"
+    assert first["stopped"] and 7 < first["step"] < 40, first
+    assert first["failed_saves"] == 0, first
+    assert is_complete(tmp_path / "persistent" / "checkpoint-7")  # the save in flight committed
+    jit = tmp_path / "persistent" / f"checkpoint-{first['step']}"
+    assert is_complete(jit) and read_manifest(jit).extra.get(MANIFEST_REASON) == "jit"
+    monkeypatch.setattr(Chunked, "_copy", copy)
+    resumed = _run(tmp_path, 40, KUBECKPT_STAGING_BUDGET_BYTES=BUDGET)
+    assert resumed["resumed_from"] == f"checkpoint-{first['step']}", resumed
+    assert_same_files(whole_run / "status" / "final-0.pt", tmp_path / "status" / "final-0.pt")
 
 
 def _bench_case(tmp_path: Path, state_mib: int, budget: int) -> dict:
