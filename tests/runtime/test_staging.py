@@ -16,7 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from harness import REPO, assert_same_files, ckpt_env, process_env
+from harness import (
+    REPO,
+    assert_same_files,
+    ckpt_env,
+    finish,
+    process_env,
+    start,
+    tail_of,
+    torchrun_argv,
+)
 from train_job import train
 
 from trainer_runtime.contract import MANIFEST_REASON, is_complete, read_manifest
@@ -155,3 +164,23 @@ def test_sigkill_during_chunked_saves_keeps_the_previous_checkpoint(tmp_path: Pa
         expected = f"checkpoint-{max(complete)}" if complete else None
         assert r["resume_rc"] == 0 and r["resumed_from"] == expected, (where, r)
         assert r["same"], f"{where}: resumed run differs from the uninterrupted one"
+
+
+def test_chunked_saves_of_a_ddp_job_resume_bitwise(tmp_path: Path, ddp_reference: Path) -> None:
+    """Two ranks, every save chunked (budget 0): the local tier's plain files are streamed
+    through the chunk buffer, the persistent DCP checkpoint is written from the live tensors while
+    training waits; a run resumed from them ends bitwise equal to one never checkpointed."""
+    env = ckpt_env(tmp_path, KUBECKPT_STAGING_BUDGET_BYTES="0")
+    first = start(torchrun_argv(tmp_path / "a", steps=20), env, tmp_path / "a.log")
+    assert finish(first) == 0, tail_of(first)
+    assert is_complete(tmp_path / "persistent" / "checkpoint-14")
+    assert (
+        read_manifest(tmp_path / "persistent" / "checkpoint-14").extra["kubeckpt"]["format"]
+        == "dcp"
+    )
+    second = start(torchrun_argv(tmp_path / "b"), env, tmp_path / "b.log")
+    assert finish(second) == 0, tail_of(second)
+    for rank in range(2):
+        info = json.loads((tmp_path / "b" / f"exit-{rank}.json").read_text())
+        assert info["resumed_from"] is not None and info["failed_saves"] == 0, info
+        assert_same_files(ddp_reference / f"final-{rank}.pt", tmp_path / "b" / f"final-{rank}.pt")
