@@ -28,6 +28,7 @@ KUBECKPT_STAGING_DIR: Final = "KUBECKPT_STAGING_DIR"
 KUBECKPT_LOCAL_KEEP: Final = "KUBECKPT_LOCAL_KEEP"
 KUBECKPT_PRESTOP_TIMEOUT: Final = "KUBECKPT_PRESTOP_TIMEOUT"
 KUBECKPT_STOP_TAKEOVER_SECONDS: Final = "KUBECKPT_STOP_TAKEOVER_SECONDS"
+KUBECKPT_STAGING_BUDGET_BYTES: Final = "KUBECKPT_STAGING_BUDGET_BYTES"
 
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 # On restore, "auto" (the default) and "always" check every file's size and content checksum, at
@@ -62,6 +63,9 @@ class Config:
     # step times, within a quarter of the grace period; see protocol/watcher.py).
     stop_takeover_seconds: float | None = None
     stop_poll_seconds: float = 0.5
+    # Host memory an async save may stage (staging_budget.py); None: what fits under the
+    # container's memory limit beside the process's own use, read at each save.
+    staging_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.verify_checksums not in VERIFY_MODES:
@@ -69,6 +73,17 @@ class Config:
                 f"{KUBECKPT_VERIFY_CHECKSUMS}: must be one of {', '.join(VERIFY_MODES)}, "
                 f"got {self.verify_checksums!r}",
                 field=KUBECKPT_VERIFY_CHECKSUMS,
+            )
+        budget = self.staging_budget_bytes
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
+            raise ContractError(
+                f"{KUBECKPT_STAGING_BUDGET_BYTES}: expected an integer >= 0",
+                field=KUBECKPT_STAGING_BUDGET_BYTES,
+            )
+        if budget is not None and budget < 0:
+            raise ContractError(
+                f"{KUBECKPT_STAGING_BUDGET_BYTES}: expected an integer >= 0, got {budget}",
+                field=KUBECKPT_STAGING_BUDGET_BYTES,
             )
         if isinstance(self.local_keep, bool) or not isinstance(self.local_keep, int):
             raise ContractError(f"{KUBECKPT_LOCAL_KEEP}: expected an integer >= 1")
@@ -140,5 +155,13 @@ class Config:
                 raise ContractError(
                     f"{KUBECKPT_STOP_TAKEOVER_SECONDS}: expected seconds, got {raw!r}"
                 ) from None
+        if (raw := get(KUBECKPT_STAGING_BUDGET_BYTES)) is not None:
+            if not raw.isdigit():
+                raise ContractError(
+                    f"{KUBECKPT_STAGING_BUDGET_BYTES}: expected a number of bytes >= 0, "
+                    f"got {raw!r}",
+                    field=KUBECKPT_STAGING_BUDGET_BYTES,
+                )
+            kwargs["staging_budget_bytes"] = int(raw)
         kwargs.update({k: v for k, v in overrides.items() if k in own_names})
         return cls(**kwargs)

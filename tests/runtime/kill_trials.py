@@ -69,8 +69,12 @@ def run_child(fn) -> int:
     return status
 
 
+EXTRA_ENV: dict[str, str] = {}  # argv[4] (JSON): more variables, e.g. a staging budget
+WIDTH = 64  # argv[5]: the model's width (a larger state is staged in more chunks)
+
+
 def env_for(root: Path) -> dict[str, str]:
-    return ckpt_env(root, CHECKPOINT_SAVE_STEPS="3", CHECKPOINT_LOCAL_PERIOD="2")
+    return ckpt_env(root, CHECKPOINT_SAVE_STEPS="3", CHECKPOINT_LOCAL_PERIOD="2", **EXTRA_ENV)
 
 
 def tiers_state(root: Path) -> list[dict]:
@@ -92,6 +96,11 @@ def main() -> int:
     root = Path(sys.argv[1])
     trials = int(sys.argv[2])
     rng = random.Random(int(sys.argv[3]))
+    global WIDTH
+    if len(sys.argv) > 4:
+        EXTRA_ENV.update(json.loads(sys.argv[4]))
+    if len(sys.argv) > 5:
+        WIDTH = int(sys.argv[5])
     sys.stdout.reconfigure(line_buffering=True)
 
     ref = root / "reference"
@@ -100,7 +109,7 @@ def main() -> int:
     # In this process, with one intra-op thread (no OpenMP team to break the forks): it also
     # warms up torch's lazy imports and caches, which every child then inherits.
     torch.set_num_threads(1)
-    train(steps=STEPS, status_dir=ref, environ=off)
+    train(steps=STEPS, status_dir=ref, environ=off, width=WIDTH)
 
     calib = root / "calibration"
     counter = calib / "io-calls"
@@ -108,7 +117,7 @@ def main() -> int:
 
     def calibrate() -> None:
         instrument(None, counter)
-        train(steps=STEPS, status_dir=calib / "status", environ=env_for(calib))
+        train(steps=STEPS, status_dir=calib / "status", environ=env_for(calib), width=WIDTH)
 
     assert run_child(calibrate) == 0
     total = int(counter.read_text())
@@ -122,13 +131,13 @@ def main() -> int:
 
         def doomed(env=env, trial=trial, kill_at=kill_at) -> None:
             instrument(kill_at, None)
-            train(steps=STEPS, status_dir=trial / "status", environ=env)
+            train(steps=STEPS, status_dir=trial / "status", environ=env, width=WIDTH)
 
         status = run_child(doomed)
         killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         left = tiers_state(trial)
         status_b = run_child(lambda env=env, trial=trial: train(
-            steps=STEPS, status_dir=trial / "status", environ=env))  # fmt: skip
+            steps=STEPS, status_dir=trial / "status", environ=env, width=WIDTH))  # fmt: skip
         exit_info = json.loads((trial / "status" / "exit-0.json").read_text())
         final = trial / "status" / "final-0.pt"
         same = False

@@ -39,6 +39,17 @@ class Staged(Protocol):
         """This rank's files for `tier`, written and fsynced in `directory`."""
 
 
+# Optional on a Staged: `planned(tiers)`, told before the first write which tiers will be
+# written, and `finished()`, after the last, whatever happened. A save staged in chunks reads the
+# live state while it writes (torch/staging.py) and frees training by them.
+
+
+def _tell(staged: Staged, hook: str, *args: object) -> None:
+    method = getattr(staged, hook, None)
+    if method is not None:
+        method(*args)
+
+
 @dataclass
 class SaveResult:
     """What became of one save. `locations` maps tier name to where it landed."""
@@ -211,6 +222,7 @@ class SaveSession:
                 result.error = error or "staging failed on another rank"
                 return result
             t1 = time.monotonic()
+            _tell(staged, "planned", tiers)
             for tier in tiers:
                 commit = self.commit(tier, step, epoch, reason=reason, sequence=sequence)
                 outcome = commit.run(staged.write)
@@ -224,5 +236,7 @@ class SaveSession:
         except Exception as e:  # the agreement itself failed: a rank is gone or hangs
             result.ok = False
             result.error = f"agreement: {describe(e)}"
+        finally:
+            _tell(staged, "finished")
         result.save_seconds = time.monotonic() - started
         return result

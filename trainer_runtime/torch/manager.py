@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,11 +44,12 @@ from ..contract import (
 )
 from ..fsutil import write_durable
 from ..protocol import Report, RestoreError, SaveResult
+from ..staging_budget import staging_budget
 from ..storage import Tier
 from . import dcp as dcp_format
 from . import plain, reshard, workers
 from .agreement import groups, member
-from .staging import Staged, Stager
+from .staging import Chunked, Staged, Stager
 from .state import (
     apply_rng,
     capture_rng,
@@ -76,13 +78,30 @@ class _TorchSave:
     def prepare(self) -> None:
         self.staged.wait()
 
+    def planned(self, tiers: list[Tier]) -> None:
+        if isinstance(self.staged, Chunked):
+            self.staged.planned(len(tiers))
+
+    def finished(self) -> None:
+        if isinstance(self.staged, Chunked):
+            self.staged.finished()
+
     def write(self, tier: Tier, directory: Path) -> list[plain.WrittenFile]:
         mgr = self.mgr
-        if mgr._format(tier) == "plain":
-            return plain.write_rank(directory, mgr.rank, self.staged.tree, self.small)
-        # dcp.save is collective: the protocol enters writers on every rank or on none.
-        written = dcp_format.save(directory, self.staged.tree, mgr._io.group)
-        return mgr._write_dcp_rank_files(directory, self.small, written)
+        chunked = self.staged if isinstance(self.staged, Chunked) else None
+        try:
+            if mgr._format(tier) == "plain":
+                stream = None if chunked is None else chunked.stream
+                return plain.write_rank(
+                    directory, mgr.rank, self.staged.tree, self.small, stream=stream
+                )
+            # dcp.save is collective: the protocol enters writers on every rank or on none. A
+            # chunked save hands DCP the live tensors (training waits until it is done).
+            written = dcp_format.save(directory, self.staged.tree, mgr._io.group)
+            return mgr._write_dcp_rank_files(directory, self.small, written)
+        finally:
+            if chunked is not None:
+                chunked.wrote()
 
 
 class _TorchLoader:
@@ -157,6 +176,7 @@ class CheckpointManager(AdapterBase):
             workers.install()  # DataLoader workers outlive the stop signal (workers.py)
         self._stager = Stager()
         self._staged: Staged | None = None  # the copy the save in flight is writing
+        self._chunk_hold = False  # a chunked save training must wait for before the next step
         self._hooks = [
             opt.register_step_pre_hook(self._before_optimizer_step) for opt in self.optimizers
         ]
@@ -302,7 +322,7 @@ class CheckpointManager(AdapterBase):
             epoch = int(self.sampler.epoch)
         if not self.stopped:
             self._warm()
-        return self._step_end(
+        stop = self._step_end(
             step,
             lambda blocking: self._stage(step, blocking=blocking),
             epoch=epoch,
@@ -311,6 +331,8 @@ class CheckpointManager(AdapterBase):
             metrics=metrics,
             end_of_epoch=end_of_epoch,
         )
+        self._hold_for_chunked()
+        return stop
 
     def _warm(self) -> None:
         """Once the optimizer's state exists the buffers can be sized (and faulted in) ahead."""
@@ -321,14 +343,19 @@ class CheckpointManager(AdapterBase):
             and all(opt.state for opt in self.optimizers)
         ):
             self._warmed = True
-            self._stager.warm(self._targets())
+            tree = self._targets()
+            need = self._stager.stage_bytes(tree)
+            if need <= staging_budget(self.config.staging_budget_bytes):
+                self._stager.warm(tree)  # else saves are chunked: no full-size buffers
 
     # ------------------------------------------------------------------ saving
 
     def save(self, step: int | None = None, *, blocking: bool = True) -> SaveResult | None:
         """Save now to the persistent tier (every rank must call it at the same step)."""
         step = self.step if step is None else step
-        return self._save(step, lambda: self._stage(step, blocking=blocking), blocking=blocking)
+        result = self._save(step, lambda: self._stage(step, blocking=blocking), blocking=blocking)
+        self._hold_for_chunked()
+        return result
 
     def _stage(self, step: int, *, blocking: bool) -> _TorchSave:
         tree = self._targets()
@@ -336,9 +363,35 @@ class CheckpointManager(AdapterBase):
         if self.config.overlap_staging and not blocking:
             ptrs = self._late_pointers(tree)
             late = lambda t: t.data_ptr() in ptrs  # noqa: E731
-        staged = self._stager.stage(tree, late=late, copy_cpu=not blocking)
+        copy_cpu = not blocking
+        need = self._stager.stage_bytes(tree, copy_cpu=copy_cpu)
+        budget = staging_budget(self.config.staging_budget_bytes, held=self._stager.held_bytes)
+        staged: Staged
+        if need <= budget:
+            self._stager.drop_chunk_buffer()
+            staged = self._stager.stage(tree, late=late, copy_cpu=copy_cpu)
+        else:
+            log.info(
+                "kubeckpt: staging %d bytes in chunks: the staging budget is %d bytes",
+                need,
+                budget,
+            )
+            staged = self._stager.stage_chunked(tree, budget, late=late, copy_cpu=copy_cpu)
+            self._chunk_hold = late is None and not blocking
         self._staged = staged
         return _TorchSave(self, staged, self._small_state(step))
+
+    def _hold_for_chunked(self) -> None:
+        """A chunked save whose copies the optimizer's pre-step hook does not wait for (staging
+        not overlapped): training waits here until the writer has copied the state."""
+        if not self._chunk_hold:
+            return
+        self._chunk_hold = False
+        staged = self._staged
+        if isinstance(staged, Chunked) and self._ckpt.session.busy:
+            t0 = time.monotonic()
+            staged.wait_before_update()
+            self._ckpt.session.add_stall(time.monotonic() - t0)
 
     def _format(self, tier: Tier) -> str:
         return "dcp" if tier.name == "persistent" and self.world_size > 1 else "plain"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,8 +70,47 @@ class _Shard:
         self.hasher = 0
 
 
+def _layout(tensors: list[torch.Tensor]) -> tuple[list[dict[str, Any]], list[int]]:
+    """Each tensor's index entry (shard, offset, size, dtype, shape) and each shard's size:
+    tensors back to back, a new shard where the next would take one past SHARD_BYTES."""
+    index: list[dict[str, Any]] = []
+    shard_sizes: list[int] = []
+    for t in map(local_tensor, tensors):  # a DTensor: this rank's shard, as staged
+        size = t.numel() * t.element_size()
+        if not shard_sizes or (shard_sizes[-1] and shard_sizes[-1] + size > SHARD_BYTES):
+            shard_sizes.append(0)
+        index.append(
+            {
+                "file": len(shard_sizes) - 1,
+                "offset": shard_sizes[-1],
+                "nbytes": size,
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+            }
+        )
+        shard_sizes[-1] += size
+    return index, shard_sizes
+
+
+def _whole(tensors: list[torch.Tensor]) -> Iterator[tuple[int, int, memoryview]]:
+    """Each staged tensor's bytes, whole."""
+    for i, t in enumerate(map(local_tensor, tensors)):
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError("plain format needs contiguous CPU tensors (stage first)")
+        yield i, 0, _bytes_view(t)
+
+
+# (the tensors in skeleton order) -> (tensor number, byte offset in it, bytes), in order
+ByteStream = Callable[[list[torch.Tensor]], Iterator[tuple[int, int, memoryview]]]
+
+
 def write_rank(
-    directory: Path, rank: int, tensor_tree: Any, small_state: dict[str, Any]
+    directory: Path,
+    rank: int,
+    tensor_tree: Any,
+    small_state: dict[str, Any],
+    *,
+    stream: ByteStream | None = None,
 ) -> list[WrittenFile]:
     """Write and fsync this rank's files; hash while writing. ENOSPC and friends propagate.
 
@@ -78,47 +118,48 @@ def write_rank(
     right before it is written (XXH3 at ~13 GB/s costs less than the write's own copy). With the
     SHA-256 fallback, shards are hashed on HASH_THREADS threads instead, each shard's hash on one
     thread, which keeps its updates in order.
+
+    `stream` supplies the bytes (default: the staged tensors whole); a chunked save's stream
+    (staging.Chunked) reuses its buffer once the bytes it gave were written, so its pieces are
+    hashed on this thread. The files are the same either way: the layout depends on sizes only.
     """
     lower_thread_priority()  # a background save yields the CPU to training (fsutil.WRITER_NICE)
     algorithm = preferred_checksum()
     skel, tensors = skeleton(tensor_tree)
-    index = []
+    index, shard_sizes = _layout(tensors)
     shards: list[_Shard] = []
     pending: list[Future[None]] = []
-    threads = HASH_THREADS if algorithm == SHA256 else 0
+    threads = HASH_THREADS if algorithm == SHA256 and stream is None else 0
     load = [0] * threads
     hashers = [
         ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kubeckpt-hash{i}")
         for i in range(threads)
     ]
     try:
-        for t in map(local_tensor, tensors):  # a DTensor: this rank's shard, as staged
-            if not t.is_contiguous() or t.device.type != "cpu":
-                raise ValueError("plain format needs contiguous CPU tensors (stage first)")
-            view = _bytes_view(t)
-            if not shards or (shards[-1].size and shards[-1].size + len(view) > SHARD_BYTES):
-                shards.append(_Shard(directory, rank, len(shards), algorithm))
-                if hashers:  # a new shard goes to the hash thread with the fewest bytes queued
-                    shards[-1].hasher = min(range(len(hashers)), key=load.__getitem__)
-            shard = shards[-1]
-            index.append(
-                {
-                    "file": len(shards) - 1,
-                    "offset": shard.size,
-                    "nbytes": len(view),
-                    "dtype": str(t.dtype).removeprefix("torch."),
-                    "shape": list(t.shape),
-                }
-            )
-            for start in range(0, len(view), CHUNK):
-                chunk = view[start : start + CHUNK]
+        for number in range(len(shard_sizes)):
+            shards.append(_Shard(directory, rank, number, algorithm))
+            if hashers:  # a new shard goes to the hash thread with the fewest bytes queued
+                shards[-1].hasher = min(range(len(hashers)), key=load.__getitem__)
+                load[shards[-1].hasher] += shard_sizes[number]
+        for i, start, view in (stream or _whole)(tensors):
+            entry = index[i]
+            if start + len(view) > entry["nbytes"]:
+                raise ValueError(f"tensor {i}: bytes past its end")
+            shard = shards[entry["file"]]
+            at = entry["offset"] + start
+            if at != shard.size:
+                raise ValueError(f"tensor {i}: bytes out of order at {start}")
+            for begin in range(0, len(view), CHUNK):
+                chunk = view[begin : begin + CHUNK]
                 if hashers:
-                    load[shard.hasher] += len(chunk)
                     pending.append(hashers[shard.hasher].submit(shard.digest.update, chunk))
                 else:
                     shard.digest.update(chunk)
-                write_all(shard.fd, chunk, shard.size + start)
-            shard.size += len(view)
+                write_all(shard.fd, chunk, shard.size)
+                shard.size += len(chunk)
+        for shard, size in zip(shards, shard_sizes, strict=True):
+            if shard.size != size:
+                raise ValueError(f"{shard.name}: {shard.size} bytes written, {size} planned")
         # fsync last: the device has been writing earlier chunks meanwhile (start_writeback).
         for shard in shards:
             os.fsync(shard.fd)

@@ -6,18 +6,34 @@ can be copied *late*: while the next forward/backward runs, on a side CUDA strea
 The optimizer's step pre-hook then waits for that copy (on CUDA, the compute stream just waits on an
 event, so the host never blocks). Everything else (buffers such as BatchNorm statistics, which
 forward changes) is copied before the training step returns.
+
+A state larger than the staging budget (staging_budget.py) is not copied whole: `Chunked` copies
+it piece by piece into one reused buffer of at most the budget, on the writer thread, each chunk
+written before the next is copied. Training is held until the last chunk has been copied (the
+optimizer's pre-step hook waits for it), so the stall grows while host memory stays within the
+budget; the bytes written are the same as an unchunked save's.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from ..staging_budget import chunk_capacity, plan_chunks
 from .state import DTensor, Path, iter_tensors, map_tensors
 from .state import local_tensor as _local
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's memory as a 1-D uint8 tensor (no copy; any dtype)."""
+    return t.detach().reshape(-1).view(torch.uint8)
 
 
 class Staged:
@@ -52,11 +68,121 @@ class Staged:
         return self._thread is not None and self._thread.is_alive()
 
 
+class Chunked(Staged):
+    """A save staged chunk by chunk through one reused buffer (see the module docstring).
+
+    `tree` is the live tree, with the tensors forward may change (and non-contiguous ones) staged
+    whole at `stage` time; `stream` yields its bytes for plain.write_rank, copying each chunk
+    into the buffer just before it is written. The live tensors are released to training once
+    every planned write has copied its last chunk (`planned`), or when the save ends (`finished`).
+    """
+
+    def __init__(self, tree: Any, buffer: torch.Tensor, direct: set[int], ready: Any) -> None:
+        super().__init__(tree)
+        self.buffer = buffer
+        self._direct = direct  # id() of tensors written from their own memory
+        self._ready = ready  # torch.cuda.Event: the compute stream's work up to the save
+        self._stream: Any = None
+        self._released = threading.Event()
+        self._writes_left = 1
+        self._lock = threading.Lock()
+        self.chunks_copied = 0
+
+    def planned(self, writes: int) -> None:
+        """The save writes the state this many times (one per tier)."""
+        self._writes_left = max(1, writes)
+
+    def wrote(self) -> None:
+        """One planned write is done (a DCP write reads the live tensors to its end)."""
+        with self._lock:
+            self._writes_left -= 1
+            if self._writes_left <= 0:
+                self._released.set()
+
+    def finished(self) -> None:
+        """The save is over, committed or not: training may change the state again."""
+        self._released.set()
+
+    def wait_before_update(self) -> None:
+        self._released.wait()
+
+    @property
+    def pending_late(self) -> bool:
+        return not self._released.is_set()
+
+    @property
+    def released(self) -> bool:
+        return self._released.is_set()
+
+    def stream(self, tensors: list[torch.Tensor]) -> Iterator[tuple[int, int, memoryview]]:
+        """(tensor number, byte offset, bytes) covering every tensor's bytes in order; a chunk's
+        bytes stay valid until the next item after that chunk is asked for."""
+        from .plain import _bytes_view
+
+        local = [_local(t.detach()) for t in tensors]
+        direct = [id(t) in self._direct for t in tensors]  # the tree's own objects
+        sizes = [0 if d else nbytes(t) for d, t in zip(direct, local, strict=True)]
+        chunks = plan_chunks(sizes, len(self.buffer)) if any(sizes) else []
+        with self._lock:
+            last_write = self._writes_left <= 1
+        emitted = 0  # the direct tensors before this number have been yielded
+
+        def directs_before(stop: int) -> Iterator[tuple[int, int, memoryview]]:
+            nonlocal emitted
+            for i in range(emitted, stop):
+                if direct[i]:
+                    yield i, 0, _bytes_view(local[i])
+            emitted = max(emitted, stop)
+
+        for n, chunk in enumerate(chunks):
+            self._copy(local, chunk)
+            self.chunks_copied += 1
+            if n == len(chunks) - 1 and last_write:
+                self._released.set()  # the buffer holds the rest: training may go on
+            for span in chunk:
+                yield from directs_before(span.tensor)
+                view = _bytes_view(self.buffer[span.offset : span.offset + span.nbytes])
+                yield span.tensor, span.start, view
+        yield from directs_before(len(local))
+
+    def _copy(self, local: list[torch.Tensor], chunk: list[Any]) -> None:
+        cuda = [local[s.tensor] for s in chunk if local[s.tensor].is_cuda]
+        if not cuda:
+            for s in chunk:
+                src = _flat_bytes(local[s.tensor])[s.start : s.stop]
+                self.buffer[s.offset : s.offset + s.nbytes].copy_(src)
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=cuda[0].device)
+        with torch.cuda.stream(self._stream):
+            if self._ready is not None:
+                self._stream.wait_event(self._ready)
+            for s in chunk:
+                src = _flat_bytes(local[s.tensor])[s.start : s.stop]
+                self.buffer[s.offset : s.offset + s.nbytes].copy_(src, non_blocking=src.is_cuda)
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        done.synchronize()
+
+
 class Stager:
     def __init__(self) -> None:
         self._buffers: dict[Path, torch.Tensor] = {}
+        self._chunk_buffer: torch.Tensor | None = None
         self._stream: Any = None
         self._warming: threading.Thread | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        """Host memory the stager keeps for the next save (counted in the process's use)."""
+        self._join_warm()
+        held = sum(nbytes(b) for b in self._buffers.values())
+        return held + (0 if self._chunk_buffer is None else len(self._chunk_buffer))
+
+    def _join_warm(self) -> None:
+        if self._warming is not None:
+            self._warming.join()
+            self._warming = None
 
     def warm(self, tree: Any) -> None:
         """Allocate and touch the buffers for `tree` on a background thread.
@@ -92,9 +218,7 @@ class Stager:
         With `copy_cpu=False` CPU tensors are used as they are (a blocking save: nothing changes
         them until it is done), and only device tensors are copied.
         """
-        if self._warming is not None:
-            self._warming.join()
-            self._warming = None
+        self._join_warm()
         early: list[tuple[torch.Tensor, torch.Tensor]] = []
         deferred: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -131,6 +255,90 @@ class Stager:
                 )
                 staged._thread.start()
         return staged
+
+    def stage_bytes(self, tree: Any, *, copy_cpu: bool = True) -> int:
+        """Bytes `stage(tree, copy_cpu=...)` copies to host memory."""
+        total = 0
+        for _, t in iter_tensors(tree):
+            src = _local(t.detach())
+            if copy_cpu or src.device.type != "cpu" or not src.is_contiguous():
+                total += nbytes(src)
+        return total
+
+    def stage_chunked(
+        self,
+        tree: Any,
+        budget: int,
+        *,
+        late: Callable[[torch.Tensor], bool] | None = None,
+        copy_cpu: bool = True,
+    ) -> Chunked:
+        """A state larger than `budget`: the full-size buffers are given up; what forward may
+        change (tensors `late` does not hold for, where `late` is given) and non-contiguous
+        tensors are copied now; the rest is copied chunk by chunk as it is written."""
+        self._join_warm()
+        self._buffers.clear()  # a full second copy is what the budget rules out
+        whole: list[tuple[Path, torch.Tensor]] = []
+        chunked_bytes = 0
+        direct: set[int] = set()
+
+        def plan(path: Path, t: torch.Tensor) -> Any:
+            nonlocal chunked_bytes
+            src = _local(t.detach())
+            if not copy_cpu and src.device.type == "cpu" and src.is_contiguous():
+                direct.add(id(t))
+                return t  # a blocking save: nothing changes it until it is written
+            if not src.is_contiguous() or (late is not None and not late(src)):
+                whole.append((path, src))
+                return t
+            chunked_bytes += nbytes(src)
+            return t
+
+        map_tensors(tree, plan)
+        staged_whole: dict[Path, torch.Tensor] = {}
+        for path, src in whole:
+            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
+            buf.copy_(src)  # small: BatchNorm statistics and the like
+            self._buffers[path] = buf
+            staged_whole[path] = buf
+            direct.add(id(buf))
+
+        def substitute(path: Path, t: torch.Tensor) -> Any:
+            buf = staged_whole.get(path)
+            if buf is None:
+                return t
+            if DTensor is not None and isinstance(t, DTensor):
+                wrapped = DTensor.from_local(
+                    buf,
+                    t.device_mesh,
+                    t.placements,
+                    shape=t.shape,
+                    stride=t.stride(),
+                    run_check=False,
+                )
+                direct.add(id(wrapped))
+                return wrapped
+            return buf
+
+        live = map_tensors(tree, substitute)
+        room = budget - sum(nbytes(b) for b in staged_whole.values())
+        capacity = chunk_capacity(max(1, chunked_bytes), room)
+        cuda = any(_local(t).is_cuda for _, t in iter_tensors(tree))
+        if cuda:  # pinned memory comes from CUDA's host allocator in powers of two
+            capacity = 1 << (capacity.bit_length() - 1)
+        buf = self._chunk_buffer
+        if buf is None or len(buf) != capacity or buf.is_pinned() != cuda:
+            self._chunk_buffer = None
+            buf = torch.empty(capacity, dtype=torch.uint8, pin_memory=cuda)
+            self._chunk_buffer = buf
+        ready = None
+        if cuda:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream())
+        return Chunked(live, buf, direct, ready)
+
+    def drop_chunk_buffer(self) -> None:
+        self._chunk_buffer = None
 
     @staticmethod
     def _copy_all(staged: Staged, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

@@ -1,0 +1,179 @@
+"""How much host memory a save may stage: a budget, and the plan that keeps a save within it.
+
+An async save copies each rank's state to host memory so training can go on while it is written.
+A full copy doubles the state's host footprint, and on a node sized for training that is how
+staging runs a container into its memory limit (the OOM killer, or the kubelet's eviction, which
+counts the working set: usage minus inactive page cache). The budget is what fits beside the
+process's own use under that limit, minus a margin; a state larger than the budget is staged in
+chunks of at most the budget through one reused buffer (torch/staging.py).
+
+`budget()` and `plan_chunks()` are pure; `read_memory()` is the thin shell that reads the
+container's cgroup (v2, else v1) or, with no limit, /proc/meminfo's MemAvailable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+MiB = 1024 * 1024
+# Kept free under the limit whatever the state: the allocator, the page cache a write needs,
+# the interpreter's own growth between two reads of the cgroup.
+MARGIN_MIN = 256 * MiB
+MARGIN_FRACTION = 0.10  # of the limit
+# A chunk buffer never shrinks below this (plain.CHUNK, the size of one write): smaller
+# chunks only add copies and synchronisations.
+MIN_CHUNK = 1 * MiB
+
+_CGROUP_V2 = Path("/sys/fs/cgroup")
+_CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+_MEMINFO = Path("/proc/meminfo")
+# cgroup v1 reports "no limit" as a huge page-aligned number (LONG_MAX rounded down).
+_V1_UNLIMITED = 1 << 60
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the container may use and uses now, in bytes (`limit` None: no limit found)."""
+
+    limit: int | None
+    usage: int = 0
+    reclaimable: int = 0  # inactive file pages: the kernel drops them before it OOM-kills
+    available: int | None = None  # MemAvailable, where there is no cgroup limit
+
+
+def budget(
+    limit: int,
+    usage: int,
+    *,
+    reclaimable: int = 0,
+    held: int = 0,
+    margin_min: int = MARGIN_MIN,
+    margin_fraction: float = MARGIN_FRACTION,
+) -> int:
+    """Bytes a save may stage: the room under `limit` beside the working set (`usage` minus
+    `reclaimable` page cache), plus the staging buffers this process already `held` (counted in
+    `usage`, reused by the next save), minus a margin of max(`margin_min`, `margin_fraction` of
+    the limit). Never negative."""
+    if limit < 0 or usage < 0 or reclaimable < 0 or held < 0:
+        raise ValueError("memory figures must be >= 0")
+    working_set = max(0, usage - reclaimable)
+    margin = max(margin_min, int(limit * margin_fraction))
+    return max(0, limit - working_set + held - margin)
+
+
+def budget_from(memory: Memory, *, held: int = 0) -> int:
+    """The budget for what `read_memory` found: the cgroup's limit, else MemAvailable."""
+    if memory.limit is not None:
+        return budget(memory.limit, memory.usage, reclaimable=memory.reclaimable, held=held)
+    if memory.available is not None:
+        # MemAvailable already leaves out what is in use; the margin is taken from it alone.
+        return budget(memory.available, 0, held=held)
+    raise ValueError("no memory limit and no MemAvailable: nothing to size staging by")
+
+
+def chunk_capacity(total: int, budget_bytes: int) -> int:
+    """The size of the reused chunk buffer for `total` bytes to stage under `budget_bytes`."""
+    return max(1, min(total, max(MIN_CHUNK, budget_bytes)))
+
+
+@dataclass(frozen=True)
+class Span:
+    """Bytes [start, stop) of tensor number `tensor`, at `offset` in the chunk buffer."""
+
+    tensor: int
+    start: int
+    stop: int
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.stop - self.start
+
+
+def plan_chunks(sizes: list[int], capacity: int) -> list[list[Span]]:
+    """Every byte of the tensors of `sizes`, in order, in chunks of at most `capacity` bytes:
+    a tensor larger than the room left is split across chunks; empty tensors have no span."""
+    if capacity <= 0:
+        raise ValueError(f"chunk capacity must be > 0, got {capacity}")
+    chunks: list[list[Span]] = []
+    current: list[Span] = []
+    used = 0
+    for i, size in enumerate(sizes):
+        if size < 0:
+            raise ValueError(f"tensor {i}: negative size {size}")
+        start = 0
+        while start < size:
+            if used == capacity:
+                chunks.append(current)
+                current, used = [], 0
+            n = min(size - start, capacity - used)
+            current.append(Span(i, start, start + n, used))
+            used += n
+            start += n
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+# ---------------------------------------------------------------------------- the thin shell
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _stat_field(path: Path, name: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _mem_available(meminfo: Path) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def read_memory(v2: Path = _CGROUP_V2, v1: Path = _CGROUP_V1, meminfo: Path = _MEMINFO) -> Memory:
+    """The container's memory limit and use: cgroup v2 (memory.max), else v1
+    (memory.limit_in_bytes), else no limit with /proc/meminfo's MemAvailable."""
+    limit = _read_int(v2 / "memory.max")
+    if limit is not None and (usage := _read_int(v2 / "memory.current")) is not None:
+        return Memory(limit, usage, _stat_field(v2 / "memory.stat", "inactive_file"))
+    limit = _read_int(v1 / "memory.limit_in_bytes")
+    if limit is not None and limit < _V1_UNLIMITED:
+        usage = _read_int(v1 / "memory.usage_in_bytes")
+        if usage is not None:
+            return Memory(limit, usage, _stat_field(v1 / "memory.stat", "total_inactive_file"))
+    return Memory(None, available=_mem_available(meminfo))
+
+
+def staging_budget(override: int | None = None, *, held: int = 0) -> int:
+    """The budget for the next save: `override` (KUBECKPT_STAGING_BUDGET_BYTES) where set, else
+    from the container's memory now. Unreadable memory figures: no bound (the behaviour before
+    budgets existed), rather than failing the save."""
+    if override is not None:
+        return override
+    try:
+        return budget_from(read_memory(), held=held)
+    except ValueError:
+        return 1 << 62
