@@ -54,7 +54,7 @@ def views_are_safe() -> bool:
     """True when a numpy view of a CPU jax.Array keeps its bytes through a donating step."""
     import jax
 
-    cpu = jax.devices("cpu")[0]
+    cpu = jax.local_devices(backend="cpu")[0]  # this process's: jax.devices() is global
     step = jax.jit(lambda x: x + 1, donate_argnums=0)
     x = jax.device_put(np.zeros(4096, np.float32), cpu)
     view = np.asarray(x)
