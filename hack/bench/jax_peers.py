@@ -1,18 +1,24 @@
 """kubeckpt's JAX adapter beside orbax-checkpoint's own CheckpointManager (issue 14).
 
 Usage: PYTHONPATH=.:hack/bench python hack/bench/jax_peers.py [--dir DIR] [--local-dir DIR]
-       [--gib 0.75] [--batch 256] [--rounds 3] [--only NAME,NAME]
+       [--gib 0.75] [--batch 256] [--rounds 3] [--only NAME,NAME] [--device cpu|gpu]
 
-In one process on CPU (one device), on the same MLP train state (parameters + optax Adam mu and
-nu, built from a config: nothing downloaded) and the same disk, each round runs every peer once, in
+In one process on one device (CPU by default; `--device gpu`: the first GPU, the async peers
+only, 2 rounds, and the device's bytes in use around each save call), on the same MLP train state
+(parameters + Adam mu and nu, written out here so that only jax, numpy and orbax are needed; built
+from a config: nothing downloaded) and the same disk, each round runs every peer once, in
 an order rotated from round to round. The jitted train step donates the state's buffers
 (donate_argnums), as real JAX loops do, so a save must not read them after the next step starts.
 
   kubeckpt.sync   CheckpointManager.save(step, state, blocking=True), async_save=False:
-                  the persistent tier (orbax's StandardCheckpointHandler, then XXH3 of
-                  every file and kubeckpt's manifest)                                  (sync)
-  kubeckpt.async  CheckpointManager.save(step, state, blocking=False): a copy of every
-                  array, then the writer thread persists while training steps on      (async)
+                  the persistent tier (kubeckpt's per-process format, one process: each
+                  array's bytes hashed with XXH3 while written, one fsync; then the
+                  manifest)                                                            (sync)
+  kubeckpt.async  CheckpointManager.save(step, state, blocking=False): a host snapshot
+                  (on CPU numpy views, which keep XLA from donating those buffers), then
+                  the writer thread persists while training steps on                  (async)
+  kubeckpt.copy   the same with snapshot="copy": the arrays copied into host buffers
+                  reused from save to save                                             (async)
   kubeckpt.local  step_end() at a multiple of CHECKPOINT_LOCAL_PERIOD: the local tier
                   alone (kubeckpt's raw per-process format) in CHECKPOINT_LOCAL_DIR,
                   by default a directory on /dev/shm, the ramdisk the tier is meant for (async)
@@ -51,12 +57,10 @@ from typing import Any
 import jax
 from absl import logging as absl_logging
 
-jax.config.update("jax_platforms", "cpu")
 absl_logging.set_verbosity(absl_logging.ERROR)  # orbax's notes on read_only managers
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from benchstats import ratio, spread  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
@@ -82,7 +86,7 @@ class Loop:
         self.sharding = NamedSharding(mesh, P())
         per_layer = WIDTH * WIDTH + WIDTH
         layers = max(1, round(gib * 1024**3 / (3 * 4 * per_layer)))
-        optimizer = optax.adam(1e-4)
+        lr, b1, b2, eps = 1e-4, 0.9, 0.999, 1e-8  # optax.adam's defaults
 
         def init(key: jax.Array) -> dict[str, Any]:
             params = [
@@ -93,7 +97,12 @@ class Loop:
                 }
                 for i in range(layers)
             ]
-            return {"params": params, "opt": optimizer.init(params), "step": jnp.zeros((), "int32")}
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            return {
+                "params": params,
+                "opt": {"mu": zeros, "nu": zeros},
+                "step": jnp.zeros((), "int32"),
+            }
 
         def loss_fn(params: Any, x: jax.Array) -> jax.Array:
             h = x
@@ -104,9 +113,17 @@ class Loop:
         @functools.partial(jax.jit, donate_argnums=0)
         def train_step(state: Any, x: jax.Array) -> tuple[Any, jax.Array]:
             loss, grads = jax.value_and_grad(loss_fn)(state["params"], x)
-            updates, opt = optimizer.update(grads, state["opt"], state["params"])
-            params = optax.apply_updates(state["params"], updates)
-            return {"params": params, "opt": opt, "step": state["step"] + 1}, loss
+            t = state["step"] + 1
+            mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state["opt"]["mu"], grads)
+            nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state["opt"]["nu"], grads)
+            c1, c2 = 1 - b1 ** t.astype(jnp.float32), 1 - b2 ** t.astype(jnp.float32)
+            params = jax.tree.map(
+                lambda p, m, v: p - lr * (m / c1) / (jnp.sqrt(v / c2) + eps),
+                state["params"],
+                mu,
+                nu,
+            )
+            return {"params": params, "opt": {"mu": mu, "nu": nu}, "step": t}, loss
 
         self.layers = layers
         self.state = jax.jit(init, out_shardings=self.sharding)(jax.random.key(0))
@@ -206,15 +223,15 @@ class Peer:
 class Kubeckpt(Peer):
     name = "kubeckpt.sync"
     tier = "persistent"
-    fsync = (
-        "every file and directory of orbax's checkpoint (tensorstore its data; kubeckpt "
-        "orbax's metadata files, which orbax leaves unsynced, and the renamed directory), then "
-        "kubeckpt's index and manifest (strace)"
-    )
+    fsync = "its data file once at its end, its index, the manifest and their directory"
+
+    snapshot = "auto"
 
     def __init__(self, loop: Loop, root: Path) -> None:
         super().__init__(loop, root)
-        self.mgr = CheckpointManager.from_env(environ=self.env(), async_save=not self.sync)
+        self.mgr = CheckpointManager.from_env(
+            environ=self.env(), async_save=not self.sync, snapshot=self.snapshot
+        )
         self.result: Any = None
         self.t_save = 0.0
 
@@ -269,6 +286,10 @@ class Kubeckpt(Peer):
 
 class KubeckptAsync(Kubeckpt):
     name, sync = "kubeckpt.async", False
+
+
+class KubeckptCopy(Kubeckpt):
+    name, sync, snapshot = "kubeckpt.copy", False, "copy"
 
 
 class KubeckptLocal(Kubeckpt):
@@ -371,7 +392,16 @@ class OrbaxAsync(Orbax):
     name, sync = "orbax.async", False
 
 
-PEERS: list[type[Peer]] = [Kubeckpt, KubeckptAsync, KubeckptLocal, Orbax, OrbaxAsync]
+PEERS: list[type[Peer]] = [Kubeckpt, KubeckptAsync, KubeckptCopy, KubeckptLocal, Orbax, OrbaxAsync]
+GPU_PEERS = "kubeckpt.async,kubeckpt.local,orbax.async"
+
+
+def device_bytes() -> tuple[int, int] | None:
+    """(bytes in use, peak bytes in use) on the first device, where the backend counts them."""
+    stats = jax.devices()[0].memory_stats()
+    if not stats or "bytes_in_use" not in stats:
+        return None
+    return stats["bytes_in_use"], stats.get("peak_bytes_in_use", 0)
 
 
 # ---------------------------------------------------------------------- measuring
@@ -407,9 +437,11 @@ def measure(peer: Peer, loop: Loop, base_steps: int = 3) -> tuple[dict[str, floa
     before = [loop.step() for _ in range(base_steps)]
     reference = loop.snapshot()
     peer.stall_seconds = 0.0
+    mem_before = device_bytes()
     t_save = time.monotonic()
     peer.start()
     call = time.monotonic() - t_save
+    mem_after = device_bytes()
     n = 0
     first = 0.0
     while True:
@@ -417,11 +449,12 @@ def measure(peer: Peer, loop: Loop, base_steps: int = 3) -> tuple[dict[str, floa
         first = first or took
         n += 1
         durable = peer.poll()
-        if durable is not None or n >= 60:
+        # A time limit, not a step count: a GPU step takes milliseconds.
+        if durable is not None or time.monotonic() - t_save > 120:
             break
     end = time.monotonic()
     durable = peer.poll()
-    assert durable is not None, f"{peer.name}: not durable after {n} steps"
+    assert durable is not None, f"{peer.name}: not durable after {n} steps (120 s)"
     peer.done()
     base = statistics.median(before + [loop.step() for _ in range(base_steps)])
     out = {
@@ -432,6 +465,10 @@ def measure(peer: Peer, loop: Loop, base_steps: int = 3) -> tuple[dict[str, floa
         "first step": first,
         "steps": n,
     }
+    if mem_before is not None and mem_after is not None:
+        # A save that copies the state on the device holds that copy past its call.
+        out["device +MiB"] = (mem_after[0] - mem_before[0]) / 2**20
+        out["device peak MiB"] = device_bytes()[1] / 2**20  # type: ignore[index]
     if isinstance(peer, Kubeckpt):
         out["persist"] = peer.result.persist_seconds  # the writer: write, fsync, hash, manifest
     return out, reference
@@ -444,10 +481,20 @@ def main() -> None:
         "--local-dir", default=None, help="the local tier (default: a temp dir on /dev/shm)"
     )
     ap.add_argument("--gib", type=float, default=0.75, help="parameters + Adam state, GiB")
-    ap.add_argument("--batch", type=int, default=256, help="rows per step (sets the step time)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma-separated peer names")
+    ap.add_argument(
+        "--batch", type=int, default=None, help="rows per step, sets the step time (256; GPU 8192)"
+    )
+    ap.add_argument("--rounds", type=int, default=None, help="default 3, 2 on a GPU")
+    ap.add_argument("--only", default=None, help=f"comma-separated peer names (GPU: {GPU_PEERS})")
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     args = ap.parse_args()
+    gpu = args.device == "gpu"
+    jax.config.update("jax_platforms", "cuda,cpu" if gpu else "cpu")
+    if gpu and jax.devices()[0].platform != "gpu":
+        raise SystemExit(f"--device gpu: jax found {jax.devices()[0].platform} only")
+    args.rounds = args.rounds or (2 if gpu else 3)
+    args.batch = args.batch or (8192 if gpu else 256)
+    args.only = GPU_PEERS if args.only is None and gpu else args.only or ""
     base = (
         Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kubeckpt-jax-", dir="/work"))
     )
@@ -523,10 +570,13 @@ def run(args: argparse.Namespace, base: Path, local_root: Path) -> None:
     print(f"disk: write (1 MiB pieces) + fsync of the state's bytes {spread(raw_gb(raw))} GB/s")
     keys = ["stall", "durable", "lost", "steps", "first step", "step", "restore"]
     keys.append("restore (sizes only)")
+    if any("device +MiB" in rows for rows in results.values()):
+        keys += ["device +MiB", "device peak MiB"]
     print(f"{'peer':15s} " + " | ".join(keys))
     for peer in peers:
         rows = results[peer.name]
-        cells = [spread(rows[k], 0 if k == "steps" else 3) if k in rows else "-" for k in keys]
+        digits = {"steps": 0, "device +MiB": 0, "device peak MiB": 0}
+        cells = [spread(rows[k], digits.get(k, 3)) if k in rows else "-" for k in keys]
         print(f"{peer.name:15s} " + " | ".join(cells))
     print(
         "steps: steps run until durable (the last one ends after it); first step: the step "
@@ -535,10 +585,16 @@ def run(args: argparse.Namespace, base: Path, local_root: Path) -> None:
     print(
         "restore: into the live sharding from an abstract state, on a fresh manager; kubeckpt's "
         "'restore' verifies the XXH3 checksum of every file (the default), 'sizes only' is "
-        "KUBECKPT_VERIFY_CHECKSUMS=never; kubeckpt.sync and .async restore from the persistent "
-        "tier (orbax format), kubeckpt.local from the local tier (raw per-process format); "
-        "every restore equal bitwise to the state saved"
+        "KUBECKPT_VERIFY_CHECKSUMS=never; kubeckpt.sync, .async and .copy restore from the "
+        "persistent tier, kubeckpt.local from the local tier (both kubeckpt's per-process "
+        "format, one process); every restore equal bitwise to the state saved"
     )
+    if "device +MiB" in keys:
+        print(
+            f"device +MiB: the device's bytes in use right after the save call minus just before "
+            f"it (a copy of the state on the device would be +{state_bytes / 2**20:.0f}); "
+            f"device peak MiB: peak_bytes_in_use after the measurement (cumulative)"
+        )
     for peer in peers:
         print(f"fsync by {peer.name}: {peer.fsync}")
     for peer in peers:
@@ -558,6 +614,8 @@ def run(args: argparse.Namespace, base: Path, local_root: Path) -> None:
     for key in ("stall", "durable", "lost"):
         compare(key, "kubeckpt.sync", "orbax.sync")
         compare(key, "kubeckpt.async", "orbax.async")
+        compare(key, "kubeckpt.copy", "orbax.async")
+        compare(key, "kubeckpt.copy", "kubeckpt.async")
         compare(key, "kubeckpt.local", "orbax.async")
         compare(key, "kubeckpt.local", "kubeckpt.async")
     for name in ("kubeckpt", "orbax"):

@@ -40,21 +40,27 @@ def index_file(rank: int) -> str:
     return f"process-{rank}.json"
 
 
-def _index(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[list[int]]:
+def shard_index(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[list[int]]:
     """A shard's index as [[start, stop], ...] (comparable across processes and runs)."""
     return [list(s.indices(n)[:2]) for s, n in zip(index, shape, strict=True)]
 
 
 def host_parts(leaf: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
     """(description, arrays) of what this process holds of `leaf`: a jax.Array's addressable
-    shards (one per distinct index), or the whole value of anything else."""
+    shards (one per distinct index), or the whole value of anything else; a snapshot's
+    `HostLeaf` as it was taken."""
     import jax
 
+    from .snapshot import HostLeaf
+
+    if isinstance(leaf, HostLeaf):
+        leaf.gather()
+        return dict(leaf.desc), list(leaf.parts)
     if isinstance(leaf, jax.Array):
         seen: dict[str, np.ndarray] = {}
         indices = []
         for shard in leaf.addressable_shards:
-            idx = _index(shard.index, leaf.shape)
+            idx = shard_index(shard.index, leaf.shape)
             key = json.dumps(idx)
             if key not in seen:
                 seen[key] = np.asarray(shard.data)
@@ -150,7 +156,7 @@ def read_process(
                 sharding = target.sharding
                 singles = []
                 for device, index in sharding.addressable_devices_indices_map(shape).items():
-                    key = json.dumps(_index(index, shape))
+                    key = json.dumps(shard_index(index, shape))
                     if key not in parts:
                         raise ValueError(
                             f"{desc['path']}: no saved shard for {key} (another sharding?)"

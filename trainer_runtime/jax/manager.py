@@ -14,9 +14,11 @@
 The state is any pytree of jax.Arrays (global or process-local), numpy arrays and Python scalars:
 a flax TrainState, an optax state, the data position and the PRNG key together. This is the JAX
 adapter of the save protocol (trainer_runtime.protocol), beside the torch and HF ones: it supplies
-the agreement (the coordination service's key-value store, agreement.py), staging (a copy of every
-array, so a step that donates its input buffers cannot change what is being written), the writers
-(orbax for the persistent tier, a per-process raw format for the ramdisk) and the loader.
+the agreement (the coordination service's key-value store, agreement.py), staging (a host snapshot,
+snapshot.py: a step that donates its input buffers cannot change what is being written, and no
+second copy is made on the device), the writers (kubeckpt's per-process raw format, written in one
+pass; orbax where every process writes one shared checkpoint or `persistent_format="orbax"`) and
+the loader.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..protocol import Report, SaveResult
 from ..storage import LocalTier, Tier
 from . import local_format, orbax_format
 from .agreement import groups, member
+from .snapshot import Snapshotter
 
 log = logging.getLogger("trainer_runtime.jax")
 
@@ -50,7 +53,8 @@ def _paths(tree: Any) -> tuple[list[str], list[Any]]:
 
 
 def _copy(leaf: Any) -> Any:
-    """A copy no later step can change: a step that donates its inputs reuses their buffers."""
+    """A copy no later step can change, for orbax (which takes jax.Arrays): a step that donates
+    its inputs reuses their buffers. Only where a tier is written in orbax's format."""
     if isinstance(leaf, jax.Array):
         return leaf.copy()
     if isinstance(leaf, np.ndarray):
@@ -120,7 +124,15 @@ class CheckpointManager(AdapterBase):
         config: Config,
         total_steps: int | None = None,
         total_epochs: int | None = None,
+        persistent_format: str = "auto",
+        snapshot: str = "auto",
     ) -> None:
+        if persistent_format not in ("auto", "orbax", "local"):
+            raise ValueError(
+                f"persistent_format {persistent_format!r}: expected auto, orbax or local"
+            )
+        self._persistent_format = persistent_format
+        self._snapshot = Snapshotter(snapshot)
         me = member(config.settings.local_dir)
         self.rank = me.rank
         self.world_size = me.world_size
@@ -147,13 +159,21 @@ class CheckpointManager(AdapterBase):
         total_steps: int | None = None,
         total_epochs: int | None = None,
         environ: Mapping[str, str] | None = None,
+        persistent_format: str = "auto",
+        snapshot: str = "auto",
         **overrides: Any,
     ) -> CheckpointManager:
-        """Everything from the environment DESIGN.md defines; keyword overrides win."""
+        """Everything from the environment DESIGN.md defines; keyword overrides win.
+
+        `persistent_format`: "auto" (orbax only where several processes write one shared
+        directory, which kubeckpt's per-process format cannot), "orbax" (always, for tools that
+        read orbax checkpoints) or "local". `snapshot`: "auto", "view" or "copy" (snapshot.py)."""
         return cls(
             config=Config.from_env(environ, **overrides),
             total_steps=total_steps,
             total_epochs=total_epochs,
+            persistent_format=persistent_format,
+            snapshot=snapshot,
         )
 
     # ------------------------------------------------------------------ restore
@@ -206,15 +226,25 @@ class CheckpointManager(AdapterBase):
 
     def _stage(self, state: Any) -> _JaxSave:
         paths, leaves = _paths(state)
-        return _JaxSave(self, paths, [_copy(x) for x in leaves])
+        if any(self._format(t) == "orbax" for t in self._tiers()):
+            return _JaxSave(self, paths, [_copy(x) for x in leaves])
+        save = _JaxSave(self, paths, self._snapshot.take(leaves))
+        self._snapshot.hold(save, save.leaves)
+        return save
+
+    def _tiers(self) -> list[Tier]:
+        return [t for t in (self.persistent, self.local) if t is not None]
 
     def _format(self, tier: Tier) -> str:
-        """orbax for the persistent tier where every process writes into one directory (a shared
-        path, or a single process); elsewhere (the ramdisk, `s3://` staged per node) each
-        process's own part in the per-process format, which the core's storage uploads."""
-        if tier.name == "persistent" and (isinstance(tier, LocalTier) or self.world_size == 1):
+        """orbax for the persistent tier where several processes write into one shared
+        directory (orbax writes one logical checkpoint), or where asked; elsewhere (one process,
+        the ramdisk, `s3://` staged per node) each process's own part in the per-process format,
+        written in one pass (hashed while written, one fsync), which the core's storage uploads."""
+        if tier.name != "persistent" or self._persistent_format == "local":
+            return "local"
+        if self._persistent_format == "orbax":
             return "orbax"
-        return "local"
+        return "orbax" if isinstance(tier, LocalTier) and self.world_size > 1 else "local"
 
     def _manifest_extra(self, tier: Tier, reports: list[Report]) -> dict[str, Any]:
         return {

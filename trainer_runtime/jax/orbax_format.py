@@ -10,6 +10,7 @@ a flipped byte is found before orbax reads it; process 0 hashes them once orbax 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -26,10 +27,12 @@ INDEX = "jax.json"  # the leaves' paths, to refuse a checkpoint of another struc
 FORMAT = "kubeckpt-jax-orbax/1"
 
 
+@functools.cache
 def _checkpointer() -> Any:
     import orbax.checkpoint as ocp
 
     # Synchronous: it runs on kubeckpt's writer thread, which is what makes the save async.
+    # Built once per process: a new one per save paid orbax's set-up every time.
     return ocp.Checkpointer(ocp.StandardCheckpointHandler())
 
 
