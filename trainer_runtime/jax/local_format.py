@@ -20,6 +20,7 @@ import numpy as np
 
 from ..contract import format_checksum, new_hasher, preferred_checksum
 from ..fsutil import lower_thread_priority, write_all, write_durable
+from .shards import shard_index
 
 FORMAT = "kubeckpt-jax-local/1"
 CHUNK = 1024 * 1024  # hashed, then written while still in the CPU cache (torch/plain.py)
@@ -38,11 +39,6 @@ def data_file(rank: int) -> str:
 
 def index_file(rank: int) -> str:
     return f"process-{rank}.json"
-
-
-def shard_index(index: tuple[slice, ...], shape: tuple[int, ...]) -> list[list[int]]:
-    """A shard's index as [[start, stop], ...] (comparable across processes and runs)."""
-    return [list(s.indices(n)[:2]) for s, n in zip(index, shape, strict=True)]
 
 
 def host_parts(leaf: Any) -> tuple[dict[str, Any], list[np.ndarray]]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .local_format import shard_index
+from .shards import shard_index
 
 MODES = ("auto", "view", "copy")
 
