@@ -111,10 +111,14 @@ class ProgressWriter:
         c.last_failed_step = max(0, step)
         c.last_error = error[:MAX_ERROR_LENGTH]
 
-    def resume_refused(self, message: str) -> None:
-        """Checkpoints restore passed over for a reason the controller shows as a condition
-        (CheckpointsUnverifiable): which and why, cut to the record's string limit."""
-        self.checkpointing.extra[UNVERIFIABLE_CHECKPOINTS] = message[:MAX_STRING_LENGTH]
+    def resume_refused(self, reason: str, message: str) -> None:
+        """Checkpoints restore passed over, which the controller shows as the condition
+        CheckpointsUnverifiable: `reason` (CheckpointsUnverifiable, UnsupportedFormatVersion,
+        StartedFresh) and which and why, cut to the record's string limit."""
+        self.checkpointing.extra[UNVERIFIABLE_CHECKPOINTS] = {
+            "reason": reason,
+            "message": message[:MAX_STRING_LENGTH],
+        }
 
     def checkpoint_was_jit(self) -> None:
         """The latest checkpoint is also the just-in-time one (a stop at a step already saved)."""

@@ -52,7 +52,9 @@ def test_only_corrupt_checkpoints_stop_the_process_with_its_exit_code(tmp_path: 
         assert f"{path}: checksum mismatch: rank-0.0.tensors" in log
     assert not (tmp_path / "b" / "status-0.json").exists(), "it must stop before training"
     record = json.loads((tmp_path / "termination-log").read_text())
-    assert "checkpoint-14: checksum mismatch" in record["checkpointing"][UNVERIFIABLE_CHECKPOINTS]
+    named = record["checkpointing"][UNVERIFIABLE_CHECKPOINTS]
+    assert named["reason"] == "CheckpointsUnverifiable"
+    assert "checkpoint-14: checksum mismatch" in named["message"]
     assert all(p.is_dir() for p in bad), "the bad checkpoints stay for inspection"
 
 

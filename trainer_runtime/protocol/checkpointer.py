@@ -43,7 +43,7 @@ from ..timing import Schedule, StepTimer
 from .agreement import Agreement
 from .commit import Member, Report
 from .resume import Loader, Restored, candidates, remove_incomplete, restore, same_world_size
-from .resume_outcome import Action, ResumeDecision, ResumeRefused, decide_resume
+from .resume_outcome import STARTED_FRESH, Action, ResumeDecision, ResumeRefused, decide_resume
 from .session import SaveResult, SaveSession, Staged
 
 log = logging.getLogger("trainer_runtime.protocol")
@@ -179,7 +179,10 @@ class Checkpointer:
         termination message: condition CheckpointsUnverifiable); end the process on FAIL. Every
         rank decides alike (the outcome was agreed), so every rank exits alike."""
         if decision.reason is not None:
-            self.progress.resume_refused(decision.message)
+            started = decision.action is Action.START_FRESH
+            self.progress.resume_refused(
+                STARTED_FRESH if started else decision.reason, decision.message
+            )
         if decision.action is Action.FAIL:
             log.error("kubeckpt: %s", decision.message)
             self.progress.write_final(self.progress.build(0))

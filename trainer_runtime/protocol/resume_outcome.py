@@ -26,6 +26,9 @@ from ..contract.env import (
 UNVERIFIED: Final = "Unverified"  # fetch or verification against its manifest failed
 UNLOADABLE: Final = "Unloadable"  # verified, but the framework could not load it
 UNSUPPORTED: Final = "UnsupportedFormatVersion"  # a newer runtime's manifest
+# The reasons the progress record gives the controller (condition CheckpointsUnverifiable).
+CHECKPOINTS_UNVERIFIABLE: Final = "CheckpointsUnverifiable"  # none verifies: the process stopped
+STARTED_FRESH: Final = "StartedFresh"  # none verifies: trained from step 0 (StartFresh)
 MAX_REASONS: Final = 3  # problems kept per checkpoint (a sharded one may list thousands)
 
 
@@ -95,7 +98,7 @@ def decide_resume(outcome: ResumeOutcome, on_unverifiable: str) -> ResumeDecisio
             Action.START_FRESH,
             f"none of {count} verifies, starting from step 0 "
             f"(onUnverifiableCheckpoints: StartFresh): {names}",
-            reason="CheckpointsUnverifiable",
+            reason=CHECKPOINTS_UNVERIFIABLE,
             rejected=unverified,
         )
     return ResumeDecision(
@@ -103,7 +106,7 @@ def decide_resume(outcome: ResumeOutcome, on_unverifiable: str) -> ResumeDecisio
         f"none of {count} verifies; not starting from step 0 (set the policy's "
         f"onUnverifiableCheckpoints to StartFresh to allow it): {names}",
         UNVERIFIABLE_EXIT_CODE,
-        "CheckpointsUnverifiable",
+        CHECKPOINTS_UNVERIFIABLE,
         unverified,
     )
 

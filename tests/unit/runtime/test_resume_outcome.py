@@ -161,7 +161,8 @@ def test_a_store_of_only_corrupt_checkpoints_stops_every_rank_and_tells_the_cont
         (tmp_path / "termination-0").read_text(),
     ):
         named = parse_progress(text).checkpointing.extra[UNVERIFIABLE_CHECKPOINTS]
-        assert "checkpoint-4: checksum mismatch: rank-1.json" in named
+        assert named["reason"] == "CheckpointsUnverifiable"
+        assert "checkpoint-4: checksum mismatch: rank-1.json" in named["message"]
     # Nothing was deleted: the bad checkpoints stay for inspection.
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint-2", "checkpoint-4"]
 
@@ -173,8 +174,12 @@ def test_start_fresh_when_the_policy_allows_it_with_a_warning(
     _write_checkpoints(job(1), [2])
     _flip_a_byte(root / "checkpoint-2" / "rank-0.json")
     with caplog.at_level(logging.WARNING, "trainer_runtime"):
-        assert _restore_all(job(1, CHECKPOINT_ON_UNVERIFIABLE="StartFresh")) == [None]
+        fresh = job(1, CHECKPOINT_ON_UNVERIFIABLE="StartFresh")
+        assert _restore_all(fresh) == [None]
     assert "none of 1 checkpoint verifies, starting from step 0" in caplog.text
+    # The controller hears of it too, from the next record (condition reason StartedFresh).
+    named = fresh.ckpts[0].progress.build(0).checkpointing.extra[UNVERIFIABLE_CHECKPOINTS]
+    assert named["reason"] == "StartedFresh" and "checkpoint-2" in named["message"]
 
 
 def test_a_good_older_checkpoint_is_resumed_past_a_corrupt_newer_one(job, tmp_path: Path) -> None:
