@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import ckpt_env, finish, single_argv, start, tail
+from harness import ckpt_env, finish, single_argv, start, tail, torchrun_argv
 from train_job import train
 
 from trainer_runtime import layout
@@ -69,3 +69,31 @@ def test_start_fresh_trains_from_step_0_with_a_warning(
     # Its checkpoints go beside the bad ones (a new generation), which are kept.
     assert [e.step for e in layout.scan(tmp_path / "persistent" / "generation-1")] == [7, 14]
     assert "none of 2 checkpoints verifies, starting from step 0" in caplog.text
+
+
+def test_two_ranks_under_torchrun_both_stop_with_the_code(tmp_path: Path) -> None:
+    """DCP checkpoints of a 2-rank job, every one with a shard byte flipped: every rank decides
+    alike and torchrun reports the distinct exit code, not a crash."""
+    env = ckpt_env(tmp_path, CHECKPOINT_LOCAL_DIR="")
+    proc = start(torchrun_argv(tmp_path / "a", steps=STEPS), env, tmp_path / "a.log")
+    assert finish(proc) == 0, tail(tmp_path / "a.log")
+    persistent = tmp_path / "persistent"
+    for entry in layout.scan(persistent):
+        shard = max(
+            layout.checkpoint_path(persistent, entry.step).glob("__*_*.distcp"),
+            key=lambda p: p.stat().st_size,
+        )
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+    proc = start(torchrun_argv(tmp_path / "b", steps=STEPS), env, tmp_path / "b.log")
+    rc = finish(proc)
+    log = tail(tmp_path / "b.log", 20000)
+    assert rc != 0 and "none of 2 checkpoints verifies" in log, log
+    # torchrun exits 1 for a failed worker and names the worker's own code (the first to end;
+    # it then stops the other, which may be slower to exit after writing the records).
+    assert f"exitcode  : {UNVERIFIABLE_EXIT_CODE}" in log, log
+    assert not (tmp_path / "b" / "status-0.json").exists()
+    # Rank 0 wrote the records before exiting: the controller can name the bad checkpoints.
+    named = json.loads((tmp_path / "termination-log").read_text())["checkpointing"]
+    assert named[UNVERIFIABLE_CHECKPOINTS]["reason"] == "CheckpointsUnverifiable"
