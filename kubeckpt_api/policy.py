@@ -62,6 +62,7 @@ class Policy:
     save_steps: int | None = None
     max_checkpoints: int = 3
     resume: bool = True
+    on_unverifiable_checkpoints: str = "Fail"  # CHECKPOINT_ON_UNVERIFIABLE
     jit: bool = True
     max_grace_seconds: int = 300
     local_enabled: bool = False
@@ -136,6 +137,7 @@ def _parse(obj: Mapping[str, Any]) -> Policy:
         save_steps=spec.save_steps,
         max_checkpoints=spec.max_checkpoints,
         resume=spec.resume,
+        on_unverifiable_checkpoints=spec.on_unverifiable_checkpoints,
         jit=spec.jit.enabled,
         max_grace_seconds=spec.jit.max_grace_period_seconds,
         local_enabled=spec.local_tier.enabled,

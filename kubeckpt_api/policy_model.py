@@ -233,6 +233,11 @@ class CheckpointPolicySpec(_Schema):
     save_steps: OptInt = Field(None, alias="saveSteps")
     max_checkpoints: PositiveInt = Field(3, alias="maxCheckpoints")
     resume: Bool = True
+    # An extension (docs/contract.md): what a resuming pod does when checkpoints exist but none
+    # verifies. Fail (absent: the CRD sets no default, as DESIGN.md lists every default) stops it.
+    on_unverifiable_checkpoints: Literal["Fail", "StartFresh"] = Field(
+        "Fail", alias="onUnverifiableCheckpoints"
+    )
     jit: Jit = Field(default_factory=Jit)
     local_tier: LocalTier = Field(default_factory=LocalTier, alias="localTier")
     progress: Progress = Field(default_factory=Progress)

@@ -26,6 +26,9 @@ INJECTED = "Injected"  # only once a pod of the job was created without injectio
 PODS_OWNED = "PodsOwned"
 # Only once a record held a value out of range (kubeckpt_api.status_bounds: not used).
 VALUES_IN_RANGE = "ValuesInRange"
+# Only once a training process found checkpoints of which none verifies (issue 27): the runtime
+# names them (the record's checkpointing.unverifiableCheckpoints, trainer_runtime/contract).
+CHECKPOINTS_UNVERIFIABLE = "CheckpointsUnverifiable"
 MAX_CONDITION_MESSAGE = 1024
 # Every value of `status.state` (the STATE column), as `state_of` derives it.
 STATES = ("Pending", "Training", "Stalled", "Suspended", "Succeeded", "Failed", "Unknown")

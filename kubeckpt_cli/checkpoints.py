@@ -29,7 +29,7 @@ from reconciler.exec import ExecError, ExecResult, ExecTimeout, exec_command, ex
 from . import lister_pod as lister
 from . import local_storage
 from .cluster import Cluster
-from .errors import EXIT_ERROR, EXIT_NOT_FOUND, CliError
+from .errors import EXIT_ERROR, EXIT_NOT_FOUND, EXIT_VERIFY_FAILED, CliError
 from .output import dump, table
 from .view import age, checkpoint_name, clean, human_bytes, now_utc, parse_time
 
@@ -112,10 +112,13 @@ async def run_listing(
     timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - bounds both tries together
     max_entries: int = DEFAULT_MAX_ENTRIES,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    verify: bool = False,
 ) -> dict[str, Any]:
-    """Run the listing in the pod and return its document; CliError for every failure."""
+    """Run the listing in the pod and return its document; CliError for every failure.
+    `verify`: the listing also checks every checkpoint's content (`--verify`)."""
     where = f"pod {clean(pod)}" + (f" (container {clean(container)})" if container else "")
     args = ["-m", MODULE, "--max-entries", str(max_entries), "--max-bytes", str(max_bytes)]
+    args += ["--verify"] if verify else []
     too_slow = CliError(
         f"listing the checkpoints in {where} took over {timeout:g}s (slow storage?): "
         "retry with a longer --timeout"
@@ -165,6 +168,11 @@ async def run_listing(
                 f"the image of {where} has no {MODULE}: install kubeckpt's runtime in it "
                 f"(`pip install kubeckpt`, {__version__} or later) or enable zero-code "
                 "instrumentation"
+            )
+        if verify and "--verify" in text:
+            raise CliError(
+                f"the kubeckpt runtime in {where} is older than --verify: upgrade its image "
+                f"(kubeckpt {__version__}), or pass --storage PATH with the storage mounted here"
             )
         raise CliError(
             f"the listing in {where} failed (exit {result.exit_code}): {_first_line(result.stderr)}"
@@ -272,8 +280,52 @@ def checkpoint_notes(doc: dict[str, Any]) -> list[str]:
     return [clean(n, 400) for n in notes]
 
 
-def show(doc: dict[str, Any], fmt: str, out: TextIO, where: str, **about: Any) -> None:
-    """The table (and its notes), or the document with what was listed where (`about`)."""
+VERIFY_HEADERS = ("TIER", "CHECKPOINT", "STEP", "VERIFIED", "WHY")
+
+
+def verify_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """`--verify`: per checkpoint OK, FAILED with its first problem, or "-" (not checked: being
+    written, never finished, or in a tier --verify cannot read)."""
+    rows = []
+    for c in doc["checkpoints"]:
+        if not isinstance(c, dict):
+            continue
+        verified = c.get("verified")
+        problems = [str(p) for p in c.get("problems") or []]
+        word = {True: "OK", False: "FAILED"}.get(verified, "-") if "verified" in c else "-"
+        why = problems[0] if problems and verified is not True else "-"
+        rows.append(
+            [
+                str(c.get("tier", "-")),
+                relative_name(c),
+                str(c.get("step", "-")),
+                word,
+                clean(why, 120),
+            ]
+        )
+    return rows
+
+
+def failed_verification(doc: dict[str, Any]) -> bool:
+    return any(isinstance(c, dict) and c.get("verified") is False for c in doc["checkpoints"])
+
+
+def show(
+    doc: dict[str, Any], fmt: str, out: TextIO, where: str, *, verify: bool = False, **about: Any
+) -> int:
+    """The table (and its notes), or the document with what was listed where (`about`). With
+    `verify`, the verification's table; the exit code: EXIT_VERIFY_FAILED when a checkpoint
+    failed it."""
+    code = EXIT_VERIFY_FAILED if verify and failed_verification(doc) else 0
+    if fmt == "table" and verify:
+        rows = verify_rows(doc)
+        if rows:
+            print(table(VERIFY_HEADERS, rows), file=out)
+        else:
+            print(f"No checkpoints yet (listed in {where}).", file=out)
+        for note in checkpoint_notes(doc):
+            print(note, file=out)
+        return code
     if fmt == "table":
         rows = checkpoint_rows(doc)
         if rows:
@@ -284,6 +336,7 @@ def show(doc: dict[str, Any], fmt: str, out: TextIO, where: str, **about: Any) -
             print(note, file=out)
     else:
         print(dump(dict(doc, **about), fmt), file=out)
+    return code
 
 
 def _latest_hint(tp: dict[str, Any] | None) -> str:
@@ -303,9 +356,11 @@ async def checkpoints(
     kind: str | None = None,
     policy: str | None = None,
     image: str | None = None,
+    verify: bool = False,
 ) -> int:
     """List through the running rank-0 pod; without one (the job ended, or was deleted), through
-    a lister pod that mounts the job's storage (`through_lister`)."""
+    a lister pod that mounts the job's storage (`through_lister`). `verify`: check every
+    checkpoint's content there too (exit EXIT_VERIFY_FAILED when one fails)."""
     try:
         tp: dict[str, Any] | None = await cluster.find_progress(job, namespace, kind)
     except CliError as e:
@@ -328,21 +383,22 @@ async def checkpoints(
             container = container_of(pod, kind)
             name = pod["metadata"]["name"]
             if _running(pod, container):
-                doc = await run_listing(cluster, namespace, name, container, timeout=timeout)
+                doc = await run_listing(
+                    cluster, namespace, name, container, timeout=timeout, verify=verify
+                )
                 add_reasons(doc, tp)
-                show(
-                    doc, fmt, out, f"pod {clean(name)}",
+                return show(
+                    doc, fmt, out, f"pod {clean(name)}", verify=verify,
                     job=job, namespace=namespace, pod=name, container=container,
                 )  # fmt: skip
-                return 0
             phase = (pod.get("status") or {}).get("phase", "not running")
             problem, code = f"pod {clean(name)} is {clean(phase)}, not running", EXIT_ERROR
     gone = Gone(problem, code, pod, job_kind(kind or ""), kind or "")
     doc, where, about = await through_lister(
-        cluster, namespace, job, tp, gone, timeout=timeout, err=err, policy=policy, image=image
-    )
-    show(doc, fmt, out, where, **about)
-    return 0
+        cluster, namespace, job, tp, gone,
+        timeout=timeout, err=err, policy=policy, image=image, verify=verify,
+    )  # fmt: skip
+    return show(doc, fmt, out, where, verify=verify, **about)
 
 
 @dataclass(frozen=True)
@@ -368,6 +424,7 @@ async def through_lister(
     err: TextIO,
     policy: str | None,
     image: str | None,
+    verify: bool = False,
 ) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """The listing from a lister pod (`lister_pod`), where it ran, and what `-o json` says of
     it."""
@@ -398,6 +455,7 @@ async def through_lister(
         max_entries=DEFAULT_MAX_ENTRIES,
         max_bytes=DEFAULT_MAX_BYTES,
         placement=(gone.pod or {}).get("spec"),
+        verify=verify,
     )
     print(f"kubeckpt: {gone.problem}: listing through lister pod {name} ({image})", file=err)
     try:
@@ -431,12 +489,15 @@ async def checkpoints_in_storage(
     *,
     kind: str | None = None,
     out: TextIO = sys.stdout,
+    verify: bool = False,
 ) -> int:
     """`--storage PATH`: the same listing, of a local path (`local_storage`); no cluster."""
     kinds = [k for k in JOB_KINDS if kind in (None, k.kind)]
     root = local_storage.job_root(path, namespace, job, kinds)
     doc = local_storage.list_local(
-        root, max_entries=DEFAULT_MAX_ENTRIES, max_bytes=DEFAULT_MAX_BYTES
+        root, max_entries=DEFAULT_MAX_ENTRIES, max_bytes=DEFAULT_MAX_BYTES, verify=verify
     )
-    show(doc, fmt, out, clean(str(root)), job=job, namespace=namespace, storage=str(root))
-    return 0
+    return show(
+        doc, fmt, out, clean(str(root)), verify=verify,
+        job=job, namespace=namespace, storage=str(root),
+    )  # fmt: skip

@@ -26,6 +26,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2  # argparse's own code
 EXIT_NOT_FOUND = 3  # the job (or its pod) does not exist: scripts can wait for it to appear
+EXIT_VERIFY_FAILED = 4  # `checkpoints --verify`: a checkpoint failed verification
 EXIT_INTERRUPTED = 130  # Ctrl-C outside --watch
 
 EXIT_CODES_HELP = f"""exit codes:
@@ -34,6 +35,7 @@ EXIT_CODES_HELP = f"""exit codes:
        the listing failed
   {EXIT_USAGE}    usage error (unknown command or option)
   {EXIT_NOT_FOUND}    the job, or the pod to read it through, was not found
+  {EXIT_VERIFY_FAILED}    checkpoints --verify: a checkpoint failed verification
 """
 
 CRD_HINT = (

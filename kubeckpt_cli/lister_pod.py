@@ -160,6 +160,7 @@ def lister_pod(
     max_entries: int,
     max_bytes: int,
     placement: Mapping[str, Any] | None = None,
+    verify: bool = False,
 ) -> dict[str, Any]:
     """The lister pod's manifest (pure: what it may do is all here). `placement`: the spec of
     a pod of the job, when one is left: its nodeSelector, affinity and tolerations are copied,
@@ -167,6 +168,7 @@ def lister_pod(
     placed = {k: (placement or {})[k] for k in PLACEMENT if (placement or {}).get(k)}
     args = ["--persistent", storage.checkpoint_uri]
     args += ["--max-entries", str(max_entries), "--max-bytes", str(max_bytes)]
+    args += ["--verify"] if verify else []  # content hashes too, read-only still
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -74,10 +74,12 @@ def job_root(path: str, namespace: str, job: str, kinds: Iterable[JobKind]) -> P
     )
 
 
-def list_local(path: Path, *, max_entries: int, max_bytes: int) -> dict[str, Any]:
+def list_local(
+    path: Path, *, max_entries: int, max_bytes: int, verify: bool = False
+) -> dict[str, Any]:
     """The listing document of the job directory `path` (persistent tier only: a ramdisk tier
     is on the node and went with the pods), through the pods' rendering too (ASCII JSON within
-    `max_bytes`), so that hostile names reach the terminal as the pods' listings do."""
-    return json.loads(
-        listing.render(listing.listing(str(path), None, max_entries=max_entries), max_bytes)
-    )
+    `max_bytes`), so that hostile names reach the terminal as the pods' listings do. `verify`:
+    each checkpoint's content checked too (`--verify`)."""
+    doc = listing.listing(str(path), None, max_entries=max_entries, content=verify)
+    return json.loads(listing.render(doc, max_bytes))

@@ -23,6 +23,7 @@ from .errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
+    EXIT_VERIFY_FAILED,
     CliError,
 )
 from .output import FORMATS
@@ -105,6 +106,13 @@ def parser() -> argparse.ArgumentParser:
         "<namespace>/<job> directory below it is used) or the job's own directory",
     )
     c.add_argument(
+        "--verify",
+        action="store_true",
+        help="also check every checkpoint's content against its manifest, as resume does "
+        "(reads every byte: give a longer --timeout for large checkpoints); prints OK or why "
+        f"per checkpoint, exit {EXIT_VERIFY_FAILED} when one fails",
+    )
+    c.add_argument(
         "--policy",
         help="the CheckpointPolicy whose storage a lister pod mounts (default: the namespace's "
         "only one, or the one holding the latest checkpoint recorded)",
@@ -152,7 +160,12 @@ async def _run(args: argparse.Namespace) -> int:
 
     if getattr(args, "storage", None) is not None:
         return await checkpoints_in_storage(
-            args.storage, _storage_namespace(args), args.job, args.output, kind=args.kind
+            args.storage,
+            _storage_namespace(args),
+            args.job,
+            args.output,
+            kind=args.kind,
+            verify=args.verify,
         )
     target = resolve(args.kubeconfig, args.context)
     namespace = None if args.all_namespaces else (args.namespace or target.namespace)
@@ -175,6 +188,7 @@ async def _run(args: argparse.Namespace) -> int:
                 kind=kind,
                 policy=args.policy,
                 image=args.image,
+                verify=args.verify,
             )
         return await describe(cluster, namespace, args.job, args.output, kind=kind)
 

@@ -17,6 +17,7 @@ from typing import Any
 from kubeckpt_api import status_bounds as bounds
 from kubeckpt_api.status import (
     CHECKPOINTING,
+    CHECKPOINTS_UNVERIFIABLE,
     COMPLETED,
     INJECTED,
     MAX_CONDITION_MESSAGE,
@@ -33,6 +34,7 @@ from trainer_runtime.contract.progress import (
     LATEST_CHECKPOINT_REASON,
     REASON_JIT,
     REASON_RESUME,
+    UNVERIFIABLE_CHECKPOINTS,
     ProgressRecord,
     format_rfc3339,
     parse_rfc3339,
@@ -160,6 +162,38 @@ def _failed_save_events(
     return [Event("Warning", "CheckpointFailed", f"a save failed{where}: {why}{then}")]
 
 
+# The reasons the runtime gives (trainer_runtime/protocol/resume_outcome.py); any other string
+# from a pod is not used as a reason (a condition's reason is a CamelCase word).
+UNVERIFIABLE_REASONS = frozenset(
+    {"CheckpointsUnverifiable", "UnsupportedFormatVersion", "StartedFresh"}
+)
+
+
+def _unverifiable(
+    conds: list[dict[str, Any]], rec: ProgressRecord, now: datetime
+) -> tuple[list[dict[str, Any]], list[Event]]:
+    """CheckpointsUnverifiable from the record: True (with a Warning Event, once per message)
+    when the process found checkpoints of which none verifies, naming them (the runtime's text,
+    escaped and bounded by set_condition); False once a later process's record no longer says so.
+    Absent while nothing was ever found."""
+    ck = rec.checkpointing
+    raw = ck.extra.get(UNVERIFIABLE_CHECKPOINTS) if ck is not None else None
+    old = condition(conds, CHECKPOINTS_UNVERIFIABLE)
+    if isinstance(raw, dict) and isinstance(raw.get("message"), str) and raw["message"]:
+        reason = raw.get("reason")
+        reason = reason if reason in UNVERIFIABLE_REASONS else "CheckpointsUnverifiable"
+        conds = set_condition(conds, CHECKPOINTS_UNVERIFIABLE, "True", reason, raw["message"], now)
+        new = condition(conds, CHECKPOINTS_UNVERIFIABLE)
+        assert new is not None
+        if old is not None and old.get("status") == "True" and old.get("message") == new["message"]:
+            return conds, []
+        return conds, [Event("Warning", reason, new["message"])]
+    if old is not None and old.get("status") == "True":
+        msg = "the running process found no unverifiable checkpoints"
+        conds = set_condition(conds, CHECKPOINTS_UNVERIFIABLE, "False", "NoneFound", msg, now)
+    return conds, []
+
+
 def _checkpoint_step(location: str) -> int | None:
     name = location.rstrip("/").rsplit("/", 1)[-1]
     prefix, _, number = name.rpartition("-")
@@ -270,6 +304,9 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
                     conds = set_condition(
                         conds, STALLED, "False", "StepAdvanced", f"step {rec.step}", now
                     )
+
+        conds, told = _unverifiable(conds, rec, now)
+        events += told
 
         if out_of_range:
             conds = set_condition(
@@ -394,6 +431,7 @@ def decide(prev: dict[str, Any] | None, obs: Observation, now: datetime) -> Deci
         INJECTED: 4,
         PODS_OWNED: 5,
         VALUES_IN_RANGE: 6,
+        CHECKPOINTS_UNVERIFIABLE: 7,
     }
     status["conditions"] = sorted(conds, key=lambda c: order.get(c["type"], 9))
     status["state"] = state_of(status)

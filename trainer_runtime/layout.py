@@ -33,6 +33,7 @@ from . import heartbeat
 from .contract import (
     INCOMPLETE_SENTINEL,
     Manifest,
+    UnsupportedFormatVersion,
     checkpoint_dir_name,
     generation_dir_name,
     is_complete,
@@ -197,15 +198,18 @@ def verify_checkpoint(
     (each file's xxh3_128 or sha256) when `checksums` is True or, given a callable, when it
     returns True for the total size.
 
-    Returns (manifest, problems); the manifest is None when it cannot be read. Files are hashed on
-    `threads` threads (default: the cores, 2 to 8; hashing releases the GIL), the largest first,
-    each to the least loaded thread.
+    Returns (manifest, problems); the manifest is None when it cannot be read. A manifest of a
+    format version this runtime does not know raises UnsupportedFormatVersion instead. Files are
+    hashed on `threads` threads (default: the cores, 2 to 8; hashing releases the GIL), the
+    largest first, each to the least loaded thread.
     """
     path = Path(path)
     if not is_complete(path):
         return None, [f"{path}: incomplete (no manifest, or the sentinel is still there)"]
     try:
         manifest = read_manifest(path)
+    except UnsupportedFormatVersion:
+        raise  # not a bad checkpoint: a newer runtime's, which this one must not judge
     except (OSError, ValueError) as e:
         return None, [f"{path}: unreadable manifest: {e}"]
     problems = verify(path, manifest, checksums=False)  # sizes first: cheap, and catches most

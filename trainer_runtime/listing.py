@@ -30,6 +30,13 @@ Each checkpoint also says its `generation` (a local copy: the generation its run
 newest first: the latest generation first, and in it by commit order, checkpoints still without
 a manifest first.
 
+With `--verify` (`kubeckpt checkpoints --verify JOB`), every `complete` checkpoint of a filesystem
+tier is also checked the way resume checks it (`layout.verify_checkpoint`: each file's content
+hash against the manifest) and gets `verified`: true, or false with the reasons in `problems` and
+state `damaged`; `damaged` and `invalid` ones get `verified: false` too; the others (being
+written, never finished) and s3:// checkpoints are not checked (`verified: null`). A manifest of
+a format version this runtime does not know is `invalid`, its problem naming the version.
+
 The manifest records why a checkpoint was written (its `reason` key, MANIFEST_REASON); for a
 manifest without one (written by an older runtime or another writer) the CLI falls back on the
 TrainingProgress status, which holds the latest checkpoint's reason.
@@ -163,9 +170,12 @@ def _sentinel_token(path: Path) -> int | None:
         os.close(fd)
 
 
-def describe_checkpoint(path: Path, step: int, tier: str, generation: int = 0) -> dict[str, Any]:
+def describe_checkpoint(
+    path: Path, step: int, tier: str, generation: int = 0, *, content: bool = False
+) -> dict[str, Any]:
     """What one `checkpoint-<step>` directory of a filesystem tier holds. A sentinel's heartbeat
-    is not judged here (`watch_sentinels`): such an entry is `incomplete` for now."""
+    is not judged here (`watch_sentinels`): such an entry is `incomplete` for now. `content`:
+    verify a complete one's content hashes too, as resume does (`verified`)."""
     info = _entry(tier, checkpoint_dir_name(step), step, str(path), generation)
     problems: list[str] = info["problems"]
     try:
@@ -214,8 +224,32 @@ def describe_checkpoint(path: Path, step: int, tier: str, generation: int = 0) -
         else:
             info["state"] = "complete"
             info["complete"] = True
+    if content:
+        if info["state"] == "complete":
+            _verify_content(path, info)
+        elif info["state"] in ("damaged", "invalid"):
+            info["verified"] = False
+        else:
+            info["verified"] = None
     del problems[MAX_PROBLEMS + 1 :]
     return info
+
+
+def _verify_content(path: Path, info: dict[str, Any]) -> None:
+    """Check a complete checkpoint's files against its manifest's hashes with resume's own code,
+    and say so in `info` (`verified`, the problems, state `damaged` when they differ)."""
+    from . import layout  # only here: hashing is what a plain listing must never do
+
+    try:
+        _, found = layout.verify_checkpoint(path, checksums=True)
+    except ValueError as e:  # UnsupportedFormatVersion; a manifest changed under the listing
+        found = [str(e)]
+    except OSError as e:
+        found = [f"unreadable: {e.strerror or e}"]
+    info["verified"] = not found
+    if found:
+        info["state"], info["complete"] = "damaged", False
+        info["problems"].extend(_text(p) for p in found[:MAX_PROBLEMS])
 
 
 def watch_sentinels(
@@ -238,9 +272,11 @@ def watch_sentinels(
             del c["problems"][MAX_PROBLEMS + 1 :]
 
 
-def list_directory_tier(root: str, tier: str) -> tuple[list[dict[str, Any]], dict]:
+def list_directory_tier(
+    root: str, tier: str, *, content: bool = False
+) -> tuple[list[dict[str, Any]], dict]:
     """The checkpoints of a filesystem tier, every generation, and the tier's own entry (root,
-    error, capped)."""
+    error, capped). `content`: verify each complete one's content (`describe_checkpoint`)."""
     summary: dict[str, Any] = {"tier": tier, "root": _text(root), "error": None}
     found: list[dict[str, Any]] = []
     budget = MAX_DIR_ENTRIES
@@ -259,7 +295,11 @@ def list_directory_tier(root: str, tier: str) -> tuple[list[dict[str, Any]], dic
                         continue
                     step = parse_checkpoint_dir_name(entry.name)
                     if step is not None:
-                        found.append(describe_checkpoint(Path(entry.path), step, tier, generation))
+                        found.append(
+                            describe_checkpoint(
+                                Path(entry.path), step, tier, generation, content=content
+                            )
+                        )
                     elif generation == 0 and (n := parse_generation_dir_name(entry.name)):
                         directories.append((n, entry.path))
         except FileNotFoundError:
@@ -358,9 +398,11 @@ def listing(
     now: float | None = None,
     watch: float = WATCH_SECONDS,
     sleep: Callable[[float], None] = time.sleep,
+    content: bool = False,
 ) -> dict[str, Any]:
     """The document `main` prints: both tiers' checkpoints, newest first (`newest_first`).
-    `watch`: how long to watch sentinels for a live writer (only when there is one)."""
+    `watch`: how long to watch sentinels for a live writer (only when there is one). `content`
+    (`--verify`): check each complete checkpoint's content hashes, as resume does."""
     now = time.time() if now is None else now
     checkpoints: list[dict[str, Any]] = []
     tiers: list[dict[str, Any]] = []
@@ -372,10 +414,12 @@ def listing(
         if "://" in root:
             if root.split("://", 1)[0].lower() == "s3":
                 found, summary = list_s3_tier(root, tier)
+                if content:
+                    summary["error"] = summary["error"] or "--verify checks filesystem tiers only"
             else:
                 found, summary = [], {"tier": tier, "root": root, "error": "unsupported scheme"}
         else:
-            found, summary = list_directory_tier(root, tier)
+            found, summary = list_directory_tier(root, tier, content=content)
         checkpoints += found
         tiers.append(summary)
     watch_sentinels(checkpoints, watch, sleep)
@@ -420,10 +464,18 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     parser.add_argument("--local", default=env.get(CHECKPOINT_LOCAL_DIR, ""))
     parser.add_argument("--max-entries", type=int, default=DEFAULT_MAX_ENTRIES)
     parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES)
+    parser.add_argument(
+        "--verify", action="store_true", help="also check every complete checkpoint's content"
+    )
     args = parser.parse_args(argv)
     if args.max_entries < 1 or args.max_bytes < 1024:
         parser.error("--max-entries must be >= 1 and --max-bytes >= 1024")
-    doc = listing(args.persistent or None, args.local or None, max_entries=args.max_entries)
+    doc = listing(
+        args.persistent or None,
+        args.local or None,
+        max_entries=args.max_entries,
+        content=args.verify,
+    )
     sys.stdout.write(render(doc, args.max_bytes) + "\n")
     return 0
 

@@ -16,6 +16,7 @@ from typing import Any
 from .contract import (
     LATEST_CHECKPOINT_REASON,
     MAX_ERROR_LENGTH,
+    MAX_STRING_LENGTH,
     REASON_JIT,
     REASON_PERIODIC,
     REASON_RESUME,
@@ -25,6 +26,7 @@ from .contract import (
     format_duration,
     format_rfc3339,
 )
+from .contract.progress import UNVERIFIABLE_CHECKPOINTS
 from .fsutil import write_atomic
 
 log = logging.getLogger(__name__)
@@ -108,6 +110,15 @@ class ProgressWriter:
         c.failed_saves = (c.failed_saves or 0) + 1
         c.last_failed_step = max(0, step)
         c.last_error = error[:MAX_ERROR_LENGTH]
+
+    def resume_refused(self, reason: str, message: str) -> None:
+        """Checkpoints restore passed over, which the controller shows as the condition
+        CheckpointsUnverifiable: `reason` (CheckpointsUnverifiable, UnsupportedFormatVersion,
+        StartedFresh) and which and why, cut to the record's string limit."""
+        self.checkpointing.extra[UNVERIFIABLE_CHECKPOINTS] = {
+            "reason": reason,
+            "message": message[:MAX_STRING_LENGTH],
+        }
 
     def checkpoint_was_jit(self) -> None:
         """The latest checkpoint is also the just-in-time one (a stop at a step already saved)."""

@@ -51,6 +51,7 @@ from trainer_runtime.contract import (
     TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
     TRAINING_PROGRESS_FILE,
 )
+from trainer_runtime.contract.env import CHECKPOINT_ON_UNVERIFIABLE, ON_UNVERIFIABLE_FAIL
 from trainer_runtime.zerocode import pythonpath_entries
 
 RUN_VOLUME = "kubeckpt-run"
@@ -328,6 +329,11 @@ def mutate(
     ]
     if policy.strategy == "steps" and policy.save_steps:
         env.append({"name": CHECKPOINT_SAVE_STEPS, "value": str(policy.save_steps)})
+    if policy.on_unverifiable_checkpoints != ON_UNVERIFIABLE_FAIL:
+        # Only when loosened: the runtime's default is the policy's (Fail).
+        env.append(
+            {"name": CHECKPOINT_ON_UNVERIFIABLE, "value": policy.on_unverifiable_checkpoints}
+        )
     if policy.local_enabled:
         env.append({"name": CHECKPOINT_LOCAL_DIR, "value": LOCAL_DIR})
         env.append({"name": CHECKPOINT_LOCAL_PERIOD, "value": str(policy.local_period_steps)})

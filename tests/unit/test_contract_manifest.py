@@ -21,6 +21,7 @@ from trainer_runtime.contract import (
     ContractError,
     Manifest,
     ManifestFile,
+    UnsupportedFormatVersion,
     build_manifest,
     checksum_available,
     format_checksum,
@@ -280,7 +281,7 @@ def test_from_json_rejects_unsafe_paths(path: str) -> None:
 @pytest.mark.parametrize(
     ("path", "value", "expected"),
     [
-        ("formatVersion", 2, "formatVersion: unsupported version 2"),
+        ("formatVersion", 3, "formatVersion: unsupported version 3"),
         ("formatVersion", "1", "formatVersion: expected integer, got string"),
         ("step", "150", "step: expected integer, got string"),
         ("step", True, "step: expected integer, got boolean"),
@@ -523,3 +524,40 @@ def test_hash_file_with_each_algorithm(tmp_path: Path, size: int) -> None:
     assert hash_file(tmp_path / "f") == (len(data), hashlib.sha256(data).hexdigest())
     assert hash_file(tmp_path / "f", XXH3_128) == (len(data), xxhash.xxh3_128(data).hexdigest())
     assert set(CHECKSUM_ALGORITHMS) == {SHA256, XXH3_128}
+
+
+# --- formatVersion 2 (issue 27 item 5) ----------------------------------------------------------
+
+
+def test_writers_stamp_version_2_only_with_xxh3(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path)
+    assert build(tmp_path, checksum=XXH3_128).format_version == 2
+    assert json.loads(build(tmp_path, checksum=XXH3_128).to_json())["formatVersion"] == 2
+    assert build(tmp_path).format_version == 1  # sha256 only: every runtime image reads it
+
+
+def test_version_1_and_2_manifests_read_and_verify(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path)
+    v1 = json.loads(build(tmp_path).to_json())
+    v2 = json.loads(build(tmp_path, checksum=XXH3_128).to_json())
+    assert (v1["formatVersion"], v2["formatVersion"]) == (1, 2)
+    # A version 1 manifest that already carries xxh3_128 (written before version 2 existed).
+    v1_xxh3 = {**v2, "formatVersion": 1}
+    for data, version in ((v1, 1), (v2, 2), (v1_xxh3, 1)):
+        m = Manifest.from_json(json.dumps(data))
+        assert m.format_version == version
+        assert verify(tmp_path, m) == []
+        assert json.loads(m.to_json())["formatVersion"] == version  # a re-written one keeps it
+
+
+def test_an_unknown_version_is_refused_by_name_not_as_corrupt(tmp_path: Path) -> None:
+    make_checkpoint(tmp_path)
+    data = json.loads(build(tmp_path, checksum=XXH3_128).to_json())
+    data["formatVersion"] = 3
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(data))
+    with pytest.raises(UnsupportedFormatVersion) as exc:
+        read_manifest(tmp_path)
+    assert exc.value.version == 3 and exc.value.field == "formatVersion"
+    assert "unsupported version 3" in str(exc.value)
+    assert "upgrade the runtime image" in str(exc.value)
+    assert isinstance(exc.value, ContractError)  # callers that catch ContractError still do

@@ -472,6 +472,7 @@ def test_policy_spec_fields_match_design(spec_schema: dict[str, Any]) -> None:
         "localTier",
         "progress",
         "instrumentation",
+        "onUnverifiableCheckpoints",  # an extension (docs/contract.md, issue 27)
     }
     assert set(node(spec_schema, "storage")["properties"]) == {"uri", "mountPath", "secretRef"}
     assert set(node(spec_schema, "jit")["properties"]) == {"enabled", "maxGracePeriodSeconds"}

@@ -50,10 +50,11 @@ from .env import (
     parse_duration,
     parse_generation_dir_name,
 )
-from .errors import ContractError
+from .errors import ContractError, UnsupportedFormatVersion
 from .manifest import (
     CHECKSUM_ALGORITHMS,
     FORMAT_VERSION,
+    FORMAT_VERSIONS,
     HASH_CHUNK_BYTES,
     MANIFEST_GENERATION,
     MANIFEST_REASON,
@@ -125,6 +126,7 @@ __all__ = [
     "DONE_FILE",
     "FAILED_FILE",
     "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
     "GENERATION_DIR_PREFIX",
     "HASH_CHUNK_BYTES",
     "INCOMPLETE_SENTINEL",
@@ -163,6 +165,7 @@ __all__ = [
     "ManifestFile",
     "ProgressRecord",
     "RuntimeSettings",
+    "UnsupportedFormatVersion",
     "build_manifest",
     "check_relative_path",
     "checkpoint_dir_name",

@@ -35,6 +35,9 @@ TORCH_ELASTIC_SHUTDOWN_TIMEOUT: Final = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 KUBECKPT_JOB_KIND: Final = "KUBECKPT_JOB_KIND"
 KUBECKPT_JOB_NAME: Final = "KUBECKPT_JOB_NAME"
 KUBECKPT_NAMESPACE: Final = "KUBECKPT_NAMESPACE"
+# An extension (docs/contract.md), not one of DESIGN.md's variables: what a run does when
+# checkpoints exist but none verifies (the policy's `onUnverifiableCheckpoints`).
+CHECKPOINT_ON_UNVERIFIABLE: Final = "CHECKPOINT_ON_UNVERIFIABLE"
 
 ALL_ENV_VARS: Final = (
     TRAINING_PROGRESS_FILE,
@@ -87,6 +90,17 @@ DEFAULT_LOCAL_PERIOD: Final = 100
 # master pod succeeds, a Job counts a completion), and the preempted job would end there. 143 is
 # retryable for restartPolicy OnFailure and ExitCode, and for a Job's podFailurePolicy.
 PREEMPTED_EXIT_CODE: Final = 143
+# CHECKPOINT_ON_UNVERIFIABLE: stop the process (the default) or start from step 0 with a warning.
+ON_UNVERIFIABLE_FAIL: Final = "Fail"
+ON_UNVERIFIABLE_START_FRESH: Final = "StartFresh"
+ON_UNVERIFIABLE_VALUES: Final = (ON_UNVERIFIABLE_FAIL, ON_UNVERIFIABLE_START_FRESH)
+DEFAULT_ON_UNVERIFIABLE: Final = ON_UNVERIFIABLE_FAIL
+# The exit status of a process that found checkpoints of which none verifies (EX_DATAERR), and of
+# one that found a checkpoint of a format version it does not know (EX_CONFIG: the image is too
+# old). Distinct from 1 and 143 so a Job's podFailurePolicy can act on them (retrying reads the
+# same bad files again).
+UNVERIFIABLE_EXIT_CODE: Final = 65
+UNSUPPORTED_FORMAT_EXIT_CODE: Final = 78
 DEFAULT_CONTROL_DIR: Final = RUN_DIR
 DEFAULT_PROGRESS_UPDATE_FREQUENCY: Final = 5
 
@@ -302,6 +316,7 @@ class RuntimeSettings:
     job_kind: str | None = None
     job_name: str | None = None
     namespace: str | None = None
+    on_unverifiable: str = DEFAULT_ON_UNVERIFIABLE
 
     def __post_init__(self) -> None:
         _check_path(TRAINING_PROGRESS_FILE, self.progress_file, optional=False)
@@ -351,6 +366,12 @@ class RuntimeSettings:
                 raise ContractError(
                     f"{name}: expected a non-empty string, got {describe(text)}", field=name
                 )
+        if self.on_unverifiable not in ON_UNVERIFIABLE_VALUES:
+            raise ContractError(
+                f"{CHECKPOINT_ON_UNVERIFIABLE}: must be one of "
+                f"{', '.join(ON_UNVERIFIABLE_VALUES)}, got {describe(self.on_unverifiable)}",
+                field=CHECKPOINT_ON_UNVERIFIABLE,
+            )
         # Cross-field rules only matter when checkpointing is on; a disabled pod must still start.
         if self.checkpoint_enabled:
             if self.checkpoint_uri is None:
@@ -421,6 +442,9 @@ class RuntimeSettings:
         raw = get(CHECKPOINT_STRATEGY)
         if raw is not None:
             kwargs["checkpoint_strategy"] = raw.strip().lower()
+        raw = get(CHECKPOINT_ON_UNVERIFIABLE)
+        if raw is not None:
+            kwargs["on_unverifiable"] = raw.strip()
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def to_env(self) -> dict[str, str]:
@@ -438,6 +462,8 @@ class RuntimeSettings:
                 env[name] = str(value)
         env[CHECKPOINT_INTERVAL] = _format_seconds(self.checkpoint_interval)
         env[CHECKPOINT_STRATEGY] = self.checkpoint_strategy
+        if self.on_unverifiable != DEFAULT_ON_UNVERIFIABLE:  # an extension: only when set
+            env[CHECKPOINT_ON_UNVERIFIABLE] = self.on_unverifiable
         return env
 
     @property

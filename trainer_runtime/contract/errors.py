@@ -16,6 +16,22 @@ class ContractError(ValueError):
         self.field = field
 
 
+class UnsupportedFormatVersion(ContractError):
+    """A file written in a format version newer than this reader knows (e.g. a manifest of a
+    newer runtime image). Not a corrupt file: what it holds may be fine, this reader cannot tell,
+    so callers must not count it as a bad checkpoint but stop and say to upgrade."""
+
+    def __init__(self, version: int, known: tuple[int, ...], *, field: str = "formatVersion"):
+        known_text = ", ".join(str(k) for k in known)
+        super().__init__(
+            f"{field}: unsupported version {version} (this runtime reads {known_text}): "
+            "written by a newer kubeckpt runtime; upgrade the runtime image",
+            field=field,
+        )
+        self.version = version
+        self.known = known
+
+
 def describe(value: object, limit: int = 80) -> str:
     """repr() of a bad value for an error message, cut short so a huge input cannot flood a log."""
     text = repr(value)

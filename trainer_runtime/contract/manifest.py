@@ -10,6 +10,13 @@ hex digits; XXH3-128, about 12x faster than SHA-256 on one core: a non-cryptogra
 catches corruption and truncation, not tampering). Readers verify with the first one they can
 compute. This module needs nothing beyond the standard library: `xxh3_128` is computed with the
 optional `xxhash` package (the `torch` extra installs it), imported only when a manifest uses it.
+
+`formatVersion`: 1 for a manifest whose files carry `sha256` only, 2 once any file carries
+`xxh3_128`, so a runtime image that knows only version 1 refuses such a manifest by its version
+(UnsupportedFormatVersion: "upgrade the runtime image") instead of calling its files corrupt.
+Writers stamp the lowest version that describes what they wrote, so a sha256-only checkpoint stays
+readable by every runtime; readers accept every version in FORMAT_VERSIONS, and version 1
+manifests that already carry `xxh3_128` (written before version 2 existed) too.
 """
 
 from __future__ import annotations
@@ -28,10 +35,11 @@ from typing import Any, Final
 
 from ..fsutil import write_atomic
 from .env import INCOMPLETE_SENTINEL, MANIFEST_FILE
-from .errors import ContractError, describe
+from .errors import ContractError, UnsupportedFormatVersion, describe
 from .progress import MAX_COUNT, format_rfc3339, json_type, parse_rfc3339
 
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2  # the newest this module writes (see the module docstring)
+FORMAT_VERSIONS: Final = (1, 2)  # what this module reads
 TIERS: Final = ("local", "persistent")
 # An additive key beside DESIGN.md's (docs/contract.md): why the checkpoint was written, one of
 # progress.py's REASON_* ("periodic", "jit"); absent in manifests written before it existed.
@@ -272,20 +280,21 @@ class Manifest:
     framework: str
     tier: str
     files: list[ManifestFile] = field(default_factory=list)
-    format_version: int = FORMAT_VERSION
+    # None: the lowest version describing `files` (a writer's); a read manifest keeps its own.
+    format_version: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.format_version is None and isinstance(self.files, list):
+            self.format_version = required_format_version(self.files)
         self.validate()
 
     def validate(self) -> None:
         v = _check_int("formatVersion", self.format_version, 1)
-        if v != FORMAT_VERSION:
-            # A newer layout may mean something this reader cannot check: refuse, don't guess.
-            raise ContractError(
-                f"formatVersion: unsupported version {v}, this reader knows {FORMAT_VERSION}",
-                field="formatVersion",
-            )
+        if v not in FORMAT_VERSIONS:
+            # A newer layout may mean something this reader cannot check: refuse, don't guess,
+            # and never take it for a corrupt checkpoint.
+            raise UnsupportedFormatVersion(v, FORMAT_VERSIONS)
         _check_int("step", self.step, 0)
         _check_int("epoch", self.epoch, 0)
         try:
@@ -396,6 +405,11 @@ class Manifest:
         except ValueError as e:  # JSONDecodeError is a ValueError
             raise ContractError(f"manifest is not valid JSON: {e}") from None
         return cls.from_dict(obj)
+
+
+def required_format_version(files: Iterable[ManifestFile]) -> int:
+    """The lowest formatVersion that describes `files`: 2 once any carries xxh3_128, else 1."""
+    return 2 if any(f.xxh3_128 is not None for f in files) else 1
 
 
 def _reject_constant(name: str) -> Any:

@@ -79,6 +79,10 @@ LATEST_CHECKPOINT_REASON: Final = "latestCheckpointReason"
 REASON_PERIODIC: Final = "periodic"
 REASON_JIT: Final = "jit"  # saved because of SIGTERM or the preStop request
 REASON_RESUME: Final = "resume"  # the checkpoint this process resumed from, nothing new
+# An extension key of `checkpointing` too: set when restore found checkpoints of which none
+# verifies (or one of a newer format): {"reason": ..., "message": naming them and why}; the
+# controller shows it as the TrainingProgress condition CheckpointsUnverifiable (docs/contract.md).
+UNVERIFIABLE_CHECKPOINTS: Final = "unverifiableCheckpoints"
 _RECORD_KEYS: Final = frozenset(k for k, _, _ in _RECORD_FIELDS) | {"checkpointing"}
 _CHECKPOINTING_KEYS: Final = frozenset(k for k, _, _ in _CHECKPOINTING_FIELDS)
 

@@ -55,6 +55,8 @@ from ..contract import (
     REASON_JIT,
     REASON_PERIODIC,
     Manifest,
+    RuntimeSettings,
+    UnsupportedFormatVersion,
     build_manifest,
     parse_generation_dir_name,
     read_manifest,
@@ -63,6 +65,16 @@ from ..fsutil import fsync_dir, fsync_file
 from ..generations import newest_first
 from ..protocol import Checkpointer, Report, SaveResult, TierCommit
 from ..protocol.resume import same_world_size
+from ..protocol.resume_outcome import (
+    MAX_REASONS,
+    UNSUPPORTED,
+    UNVERIFIED,
+    Action,
+    Rejected,
+    ResumeOutcome,
+    ResumeRefused,
+    decide_resume,
+)
 from ..stop import JitStop, StopOwner, exit_code
 from ..stop.process_end import end_process
 from ..storage import LocalTier, Tier, persistent_tier
@@ -88,7 +100,9 @@ def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None
     order across its generations (generations.py), or None.
 
     Rank 0 (or a single process) first removes incomplete checkpoints and interrupted deletions.
-    A complete checkpoint that fails verification is skipped (and left for inspection).
+    A complete checkpoint that fails verification is skipped (and left for inspection). When
+    checkpoints exist but none verifies, ResumeRefused ends the process (exit 65) unless
+    CHECKPOINT_ON_UNVERIFIABLE is StartFresh; one of an unknown format version ends it (78).
     """
     from ..torch.agreement import member
 
@@ -99,12 +113,27 @@ def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None
     if rank == 0:
         layout.remove_incomplete(root)
     checksums = config.should_verify_checksums if config is not None else True
+    rejected: list[Rejected] = []
     for entry in newest_first(layout.with_sequences(root, layout.scan(root))):
         path = layout.checkpoint_path(root, entry.step, entry.generation)
-        _, problems = layout.verify_checkpoint(path, checksums=checksums)
+        try:
+            _, problems = layout.verify_checkpoint(path, checksums=checksums)
+        except UnsupportedFormatVersion as e:
+            rejected.append(Rejected(str(path), UNSUPPORTED, (str(e),)))
+            break
         if not problems:
             return str(path)
         log.warning("kubeckpt: skipping checkpoint %s: %s", path, "; ".join(problems[:3]))
+        rejected.append(Rejected(str(path), UNVERIFIED, tuple(problems[:MAX_REASONS])))
+    # None verifies: the same decision as the managed restore (stop unless the policy allows a
+    # fresh start), so a script that calls train() itself does not train from step 0 unnoticed.
+    settings = config.settings if config is not None else RuntimeSettings.from_env()
+    decision = decide_resume(ResumeOutcome(None, tuple(rejected)), settings.on_unverifiable)
+    if decision.action is Action.FAIL:
+        log.error("kubeckpt: %s", decision.message)
+        raise ResumeRefused(decision)
+    if decision.message:
+        log.warning("kubeckpt: %s", decision.message)
     return None
 
 

@@ -43,6 +43,7 @@ from ..timing import Schedule, StepTimer
 from .agreement import Agreement
 from .commit import Member, Report
 from .resume import Loader, Restored, candidates, remove_incomplete, restore, same_world_size
+from .resume_outcome import STARTED_FRESH, Action, ResumeDecision, ResumeRefused, decide_resume
 from .session import SaveResult, SaveSession, Staged
 
 log = logging.getLogger("trainer_runtime.protocol")
@@ -148,7 +149,7 @@ class Checkpointer:
                 self.local,
                 local_usable or same_world_size(self.me),
             )
-            restored = restore(
+            restored, outcome = restore(
                 self.io,
                 self.me,
                 found,
@@ -156,6 +157,7 @@ class Checkpointer:
                 checksums=self.config.should_verify_checksums,
                 keep_fetched=keep_fetched,
             )
+            self._act_on(decide_resume(outcome, self.config.settings.on_unverifiable))
         self.plan(resumed=restored is not None, restored=restored.generation if restored else None)
         if restored is None:
             if resume:
@@ -171,6 +173,22 @@ class Checkpointer:
         self.schedule.restart_interval()
         log.info("kubeckpt: resumed from %s (%s tier)", restored.location, restored.tier.name)
         return restored
+
+    def _act_on(self, decision: ResumeDecision) -> None:
+        """Log what restore passed over; record it for the controller (the progress file and the
+        termination message: condition CheckpointsUnverifiable); end the process on FAIL. Every
+        rank decides alike (the outcome was agreed), so every rank exits alike."""
+        if decision.reason is not None:
+            started = decision.action is Action.START_FRESH
+            self.progress.resume_refused(
+                STARTED_FRESH if started else decision.reason, decision.message
+            )
+        if decision.action is Action.FAIL:
+            log.error("kubeckpt: %s", decision.message)
+            self.progress.write_final(self.progress.build(0))
+            raise ResumeRefused(decision)
+        if decision.message:
+            log.warning("kubeckpt: %s", decision.message)
 
     @property
     def resumed_name(self) -> str | None:

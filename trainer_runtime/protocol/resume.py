@@ -10,7 +10,8 @@
 3. For each candidate: one process per copy fetches (a download for s3://) and verifies the files
    against the manifest; all agree; the framework reads what it needs without touching live state
    (`Loader.prepare`); all agree; then it loads in place (`Loader.apply`, may be collective); all
-   agree. A candidate that fails anywhere is skipped on every rank alike.
+   agree. A candidate that fails anywhere is skipped on every rank alike, and named in the
+   ResumeOutcome (resume_outcome.py decides whether starting from step 0 is allowed).
 """
 
 from __future__ import annotations
@@ -22,11 +23,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import handover, layout
-from ..contract import Manifest, read_manifest
+from ..contract import Manifest, UnsupportedFormatVersion, read_manifest
 from ..generations import Entry, commit_order
 from ..storage import LocalTier, Tier
 from .agreement import Agreement
 from .commit import Member, describe
+from .resume_outcome import (
+    MAX_REASONS,
+    UNLOADABLE,
+    UNSUPPORTED,
+    UNVERIFIED,
+    Rejected,
+    ResumeOutcome,
+)
 
 log = logging.getLogger("trainer_runtime.protocol")
 
@@ -151,24 +160,33 @@ def restore(
     *,
     checksums: bool | Callable[[int], bool] = True,
     keep_fetched: bool = False,
-) -> Restored | None:
-    """Load the first candidate that every rank can load; None when there is none.
+) -> tuple[Restored | None, ResumeOutcome]:
+    """Load the first candidate that every rank can load (None when there is none), with what
+    was passed over on the way (`resume_outcome.decide_resume` says what that means).
+
+    A candidate whose manifest has a format version this runtime does not know ends the search:
+    nothing older is loaded in place of a newer runtime's checkpoint.
 
     `keep_fetched`: the restored copy of a remote checkpoint stays where `fetch` put it (the
     framework reads it later: the HF Trainer loads in `train()`); `Tier.release_fetched` drops it.
     """
     dirty = False
+    rejected: list[Rejected] = []
     for candidate in found:
-        restored, touched = _try(io, me, candidate, loader, checksums, keep_fetched)
+        restored, touched, rejection = _try(io, me, candidate, loader, checksums, keep_fetched)
         dirty = dirty or touched
         if restored is not None:
-            return restored
+            return restored, ResumeOutcome(restored.step, tuple(rejected))
+        if rejection is not None:
+            rejected.append(rejection)
+            if rejection.kind == UNSUPPORTED:
+                break
     if dirty:
         raise RestoreError(
             "every checkpoint failed to load after one was partly loaded into the model: "
             "the in-memory state is inconsistent; restart the process"
         )
-    return None
+    return None, ResumeOutcome(None, tuple(rejected))
 
 
 def _try(
@@ -178,18 +196,21 @@ def _try(
     loader: Loader,
     checksums: bool | Callable[[int], bool],
     keep_fetched: bool,
-) -> tuple[Restored | None, bool]:
-    """(what was restored, whether live state was touched). Every rank makes the same
-    collective calls whatever fails."""
+) -> tuple[Restored | None, bool, Rejected | None]:
+    """(what was restored, whether live state was touched, why it was passed over). Every rank
+    makes the same collective calls whatever fails."""
     tier, step, generation = candidate.tier, candidate.step, candidate.entry.generation
     where = tier.location(step, generation)
     fetcher = me.coordinates(tier)
     problems: list[str] = []
+    unsupported = False
     path = tier.fetch_dir(step, generation)
     if fetcher:
         try:
             path = tier.fetch(step, generation)
             _, problems = layout.verify_checkpoint(path, checksums=checksums)
+        except UnsupportedFormatVersion as e:
+            problems, unsupported = [str(e)], True
         except Exception as e:
             problems = [f"cannot fetch: {describe(e)}"]
     if problems:
@@ -197,30 +218,36 @@ def _try(
     restored: Restored | None = None
     try:
         if not io.all_ok(not problems):
-            return None, False
+            # Which kind of failure, agreed: a rank that checked nothing has no reasons to give.
+            kind = UNVERIFIED if io.all_ok(not unsupported) else UNSUPPORTED
+            reasons = tuple(problems[:MAX_REASONS]) or ("failed verification on another rank",)
+            return None, False, Rejected(where, kind, reasons)
         manifest: Manifest | None = None
         prepared: Any = None
+        why = ""
         try:
             manifest = read_manifest(path)
             prepared = loader.prepare(path, manifest, tier)
         except Exception as e:
-            log.warning("kubeckpt: skipping %s: %s", where, describe(e))
+            why = describe(e)
+            log.warning("kubeckpt: skipping %s: %s", where, why)
             manifest = None
         if not io.all_ok(manifest is not None):
-            return None, False
+            return None, False, Rejected(where, UNLOADABLE, (why or "failed on another rank",))
         assert manifest is not None
         ok = True
         try:
             loader.apply(prepared, path, manifest, tier)
         except Exception as e:
-            log.warning("kubeckpt: loading %s failed: %s", where, describe(e))
+            why = describe(e)
+            log.warning("kubeckpt: loading %s failed: %s", where, why)
             ok = False
         if not io.all_ok(ok):
-            return None, True
+            return None, True, Rejected(where, UNLOADABLE, (why or "failed on another rank",))
         # A ramdisk copy (no generations there) says which generation its run wrote.
         run_generation = manifest.generation if tier.name == "local" else generation
         restored = Restored(step, tier, where, manifest, path, run_generation, generation)
-        return restored, True
+        return restored, True, None
     finally:
         io.barrier()
         if fetcher and not (keep_fetched and restored is not None):

@@ -26,7 +26,9 @@ from transformers import (
 from trainer_runtime import layout
 from trainer_runtime.config import Config
 from trainer_runtime.contract import INCOMPLETE_SENTINEL
+from trainer_runtime.contract.env import UNVERIFIABLE_EXIT_CODE
 from trainer_runtime.hf import KubeckptCallback, kubeckpt_trainer, resume_checkpoint
+from trainer_runtime.protocol.resume_outcome import ResumeRefused
 
 STEPS = 10
 
@@ -129,6 +131,26 @@ def test_incomplete_checkpoint_skipped_and_cleaned(tmp_path):
     assert resume_checkpoint(root) == str(root / "checkpoint-8")
     assert not (root / "checkpoint-9").exists() and not (root / "checkpoint-10").exists()
     assert (root / "checkpoint-11").exists()  # left for inspection, never resumed from
+
+
+def test_resume_checkpoint_refuses_a_store_where_none_verifies(tmp_path, monkeypatch):
+    """Issue 27: with every checkpoint truncated, nothing verifies: the helper a script passes
+    to train() stops the process (exit 65) naming them, unless the policy allows a fresh start."""
+    root = tmp_path / "ckpt"
+    _kubeckpt(tmp_path).train()
+    saved = sorted(root.glob("checkpoint-*"))
+    assert saved
+    for path in saved:
+        with open(path / "trainer_state.json", "r+b") as f:
+            f.truncate(5)
+    with pytest.raises(ResumeRefused) as refused:
+        resume_checkpoint(root)
+    assert refused.value.code == UNVERIFIABLE_EXIT_CODE
+    for path in saved:
+        assert f"{path}: size mismatch: trainer_state.json" in str(refused.value)
+    monkeypatch.setenv("CHECKPOINT_ON_UNVERIFIABLE", "StartFresh")
+    assert resume_checkpoint(root) is None
+    assert all(p.exists() for p in saved)  # left for inspection
 
 
 class _SigtermAt(TrainerCallback):

@@ -391,3 +391,11 @@ def test_override_values_that_are_not_strings() -> None:
     assert got.max_checkpoints == 5
     assert warnings == ["kubeckpt: invalid kubeckpt.io/jit ignored: expected a string"]
     assert apply_overrides(POL, None)[0] == POL  # type: ignore[arg-type]
+
+
+def test_on_unverifiable_checkpoints_defaults_to_fail_and_takes_two_values() -> None:
+    assert policy_from_object(obj()).on_unverifiable_checkpoints == "Fail"
+    got = policy_from_object(obj(onUnverifiableCheckpoints="StartFresh"))
+    assert got.on_unverifiable_checkpoints == "StartFresh"
+    message = str(error(obj(onUnverifiableCheckpoints="Ignore")))
+    assert message.startswith("spec.onUnverifiableCheckpoints:"), message

@@ -124,6 +124,16 @@ def test_the_pod_may_read_the_storage_and_nothing_more() -> None:
     assert "hostPath" not in str(pod) and "serviceAccountName" not in spec
 
 
+def test_verify_asks_the_lister_pod_to_hash_too() -> None:
+    storage = lister.choose_storage([policy("p", "pvc://ckpt/runs")], PYTORCHJOB, "team-a", "j")
+    pod = lister.lister_pod(
+        "n", "j", storage, "img:1", deadline_seconds=30, max_entries=200, max_bytes=262144,
+        verify=True,
+    )  # fmt: skip
+    (c,) = pod["spec"]["containers"]
+    assert c["command"][-1] == "--verify" and c["volumeMounts"][0]["readOnly"] is True
+
+
 def test_pod_names_are_dns_labels_and_differ() -> None:
     long = "j" * 63
     names = {lister.pod_name(long) for _ in range(20)}

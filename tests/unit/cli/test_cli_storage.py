@@ -13,9 +13,10 @@ import pytest
 
 from kubeckpt_api.jobkinds import JOB_KINDS, PYTORCHJOB, TRAINJOB
 from kubeckpt_cli import local_storage
-from kubeckpt_cli.errors import EXIT_NOT_FOUND, EXIT_USAGE, CliError
+from kubeckpt_cli.errors import EXIT_NOT_FOUND, EXIT_USAGE, EXIT_VERIFY_FAILED, CliError
 from tests.support.cli_objects import REPO, run_cli
 from trainer_runtime.contract import build_manifest
+from trainer_runtime.fsutil import remove_tree
 from trainer_runtime.storage import LocalTier
 
 # No cluster at all: no kubeconfig, not a pod.
@@ -152,3 +153,63 @@ def test_storage_reads_the_same_listing_the_pods_run(tmp_path: Path) -> None:
     here = local_storage.list_local(d, max_entries=200, max_bytes=256 * 1024)
     assert in_pod.pop("time") and here.pop("time")
     assert here == in_pod
+
+
+# --- checkpoints --verify (issue 27 item 4) -------------------------------------------------------
+
+
+def test_verify_on_local_storage_names_the_flipped_byte_and_fails(tmp_path: Path) -> None:
+    """One good checkpoint and one with a byte flipped (same size: only the content hash tells,
+    which a plain listing never computes): --verify says OK / why per checkpoint, exit 4."""
+    d = tmp_path / PYTORCHJOB.storage_dir("team-a", "llama")
+    tier = LocalTier(d, "persistent")
+    save(tier, 10, 4096, "periodic")
+    bad = save(tier, 20, 2048, "jit")
+    data = bytearray((bad / "model.pt").read_bytes())
+    data[100] ^= 0x01
+    (bad / "model.pt").write_bytes(bytes(data))
+
+    listed = ("checkpoints", "llama", "-n", "team-a", "--storage", str(tmp_path))
+    plain = run_cli(*listed, env=NO_CLUSTER)
+    assert plain.returncode == 0 and "damaged" not in plain.stdout  # sizes alone cannot tell
+
+    args = (*listed, "--verify")
+    proc = run_cli(*args, env=NO_CLUSTER)
+    assert proc.returncode == EXIT_VERIFY_FAILED, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == "TIER CHECKPOINT STEP VERIFIED WHY".split()
+    assert lines[1].split()[:5] == [
+        "persistent", "checkpoint-20", "20", "FAILED", "checksum",
+    ]  # fmt: skip
+    assert "checksum mismatch: model.pt: expected" in lines[1]
+    assert lines[2].split() == ["persistent", "checkpoint-10", "10", "OK", "-"]
+
+    doc = json.loads(run_cli(*args, "-o", "json", env=NO_CLUSTER).stdout)
+    assert [(c["step"], c["verified"], c["state"]) for c in doc["checkpoints"]] == [
+        (20, False, "damaged"),
+        (10, True, "complete"),
+    ]
+
+    # The good one alone: exit 0.
+    remove_tree(bad)
+    proc = run_cli(*args, env=NO_CLUSTER)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[1].split() == ["persistent", "checkpoint-10", "10", "OK", "-"]
+
+
+def test_verify_names_a_newer_format_version_and_leaves_unfinished_ones_unchecked(
+    tmp_path: Path,
+) -> None:
+    d = job_dir(tmp_path, "team-a", "llama")  # 10, 20 complete; 25 damaged; 30 unfinished
+    manifest = d / "checkpoint-20" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"formatVersion": 1', '"formatVersion": 3'))
+    doc = local_storage.list_local(d, max_entries=200, max_bytes=256 * 1024, verify=True)
+    got = {c["step"]: (c["state"], c.get("verified")) for c in doc["checkpoints"]}
+    assert got[10] == ("complete", True) and got[25] == ("damaged", False)
+    assert got[20] == ("invalid", False) and got[30] == ("incomplete", None)
+    [twenty] = [c for c in doc["checkpoints"] if c["step"] == 20]
+    assert "unsupported version 3" in twenty["problems"][0]
+    assert "upgrade the runtime image" in twenty["problems"][0]
+    # Without --verify the listing is what it was: no `verified` key.
+    plain = local_storage.list_local(d, max_entries=200, max_bytes=256 * 1024)
+    assert all("verified" not in c for c in plain["checkpoints"])

@@ -145,7 +145,9 @@ def test_nothing_loadable_starts_a_new_generation_and_deletes_nothing(job, tmp_p
     root = tmp_path / "ckpt"
     saves(job(1, CHECKPOINT_MAX_CHECKPOINTS="1"), [30])
     (root / "checkpoint-30" / "rank-0.json").write_text("[31, 0]")
-    assert saves(job(1, CHECKPOINT_MAX_CHECKPOINTS="1"), [1, 2]) == [None]
+    # Starting fresh over checkpoints none of which verifies is the policy's choice (issue 27).
+    fresh = job(1, CHECKPOINT_MAX_CHECKPOINTS="1", CHECKPOINT_ON_UNVERIFIABLE="StartFresh")
+    assert saves(fresh, [1, 2]) == [None]
     assert complete(root) == [(0, 30), (1, 2)]
 
 

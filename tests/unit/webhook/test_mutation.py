@@ -352,3 +352,20 @@ def test_input_never_mutated() -> None:
     before = copy.deepcopy(p)
     mutate(p, policy(localTier={"enabled": True}), NS)
     assert p == before
+
+
+def test_on_unverifiable_checkpoints_reaches_the_runtime_only_when_loosened() -> None:
+    """The policy's onUnverifiableCheckpoints (issue 27): Fail is the runtime's own default, so
+    only StartFresh is injected (CHECKPOINT_ON_UNVERIFIABLE), and the runtime parses it."""
+    from trainer_runtime.contract import RuntimeSettings
+
+    assert "CHECKPOINT_ON_UNVERIFIABLE" not in env_of(mutate(pod(), policy(), NS).pod)
+    strict = policy(onUnverifiableCheckpoints="Fail")
+    assert "CHECKPOINT_ON_UNVERIFIABLE" not in env_of(mutate(pod(), strict, NS).pod)
+    loose = env_of(mutate(pod(), policy(onUnverifiableCheckpoints="StartFresh"), NS).pod)
+    assert loose["CHECKPOINT_ON_UNVERIFIABLE"] == {
+        "name": "CHECKPOINT_ON_UNVERIFIABLE",
+        "value": "StartFresh",
+    }
+    settings = RuntimeSettings.from_env({k: e["value"] for k, e in loose.items() if "value" in e})
+    assert settings.on_unverifiable == "StartFresh"
