@@ -267,6 +267,7 @@ class DcpAsync(DcpSave):
 
     name, sync, restores = "dcp.async", False, False
     async_staging = False
+    process = False
     executor: Any = None
 
     def __init__(self, loop: Loop, root: Path, nice: int) -> None:
@@ -277,7 +278,9 @@ class DcpAsync(DcpSave):
         self.stager = DefaultStager(
             StagingOptions(
                 use_pinned_memory=cuda,
-                use_shared_memory=self.async_staging and not cuda,
+                # Shared memory where a checkpoint process reads the copy (and on CPU, as
+                # torchtitan configures it); on CUDA the thread executor needs only pinned memory.
+                use_shared_memory=self.async_staging and (not cuda or self.process),
                 use_async_staging=self.async_staging,
                 use_non_blocking_copy=cuda and self.async_staging,
             )
@@ -324,7 +327,7 @@ class DcpAsyncStager(DcpAsync):
 
 
 class DcpAsyncProcess(DcpAsyncStager):
-    name = "dcp.async+proc"
+    name, process = "dcp.async+proc", True
 
     def __init__(self, loop: Loop, root: Path, nice: int) -> None:
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
@@ -570,13 +573,16 @@ def worker(args: argparse.Namespace, kind: type[Peer]) -> dict[str, Any]:
 
 
 def variants(args: argparse.Namespace) -> list[tuple[type[Peer], int]]:
+    """What to run, in order: --only's order where given (NAME or NAME@NICE), else PEERS'."""
     nices = [int(n) for n in args.nice.split(",")]
-    only = args.only.split(",") if args.only else []
-    out = []
-    for kind in PEERS:
-        if only and kind.name not in only:
-            continue
-        out += [(kind, 0)] if kind.sync else [(kind, n) for n in nices]
+    out: list[tuple[type[Peer], int]] = []
+    for token in args.only.split(",") if args.only else [p.name for p in PEERS]:
+        name, _, nice = token.partition("@")
+        kind = PEER_BY_NAME[name]
+        if nice:
+            out.append((kind, int(nice)))
+        else:
+            out += [(kind, 0)] if kind.sync else [(kind, n) for n in nices]
     return out
 
 
@@ -587,7 +593,7 @@ def label(name: str, nice: int) -> str:
 def report(args: argparse.Namespace, res: dict[str, dict[str, Any]]) -> None:
     rows = {k: v["rows"] for k, v in res.items()}
     state_bytes = next(iter(res.values()))["state_bytes"]
-    print(f"\n== {args.rounds} rounds per method, each in its own process: median [min-max] ==")
+    print("\n== each method in its own process: median [min-max] over its rounds ==")
     print(f"state {state_bytes / 1024**3:.2f} GiB; times in s, CPU in CPU-s")
     for key in ("raw", "raw+writeback"):
         vals = [v for r in rows.values() for v in r.get(key, [])]
@@ -595,9 +601,10 @@ def report(args: argparse.Namespace, res: dict[str, dict[str, Any]]) -> None:
             print(f"disk {key}: write+fsync {spread([v / 1e9 for v in vals], 2)} GB/s (all runs)")
     keys = ["stall", "durable", "lost", "cpu", "restore", "restore cpu", "restore(cold)"]
     keys += ["raw read(cold)", "restore(sizes only)", "verify pass"]
-    print("method@nice | " + " | ".join(keys))
+    print("method@nice | rounds | " + " | ".join(keys))
     for name, r in rows.items():
-        print(f"{name} | " + " | ".join(spread(r[k]) if k in r else "-" for k in keys))
+        cells = [spread(r[k]) if k in r else "-" for k in keys]
+        print(f"{name} | {len(r['stall'])} | " + " | ".join(cells))
     print(
         f"kubeckpt restore: {plain.READ_THREADS} read threads, verify on {VERIFY_THREADS} threads"
     )
@@ -675,10 +682,15 @@ def report(args: argparse.Namespace, res: dict[str, dict[str, Any]]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default=None, help="where to write (default: a temp dir on /work)")
+    ap.add_argument(
+        "--dir",
+        default=None,
+        help="where to write; results stay there and a later run with the same --dir reuses "
+        "them (default: a temp dir on /work, removed at the end)",
+    )
     ap.add_argument("--gib", type=float, default=1.1, help="model + optimizer state, GiB")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma-separated method names")
+    ap.add_argument("--only", default="", help="methods to run, in order: NAME or NAME@NICE, ...")
     ap.add_argument("--nice", default="0,5", help="writer nice values for the async methods")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--batch", type=int, default=8, help="training batch (GPU: e.g. 2048)")
@@ -708,6 +720,10 @@ def main() -> None:
     for kind, nice in variants(args):
         name = label(kind.name, nice)
         out = base / f"{kind.name}-{nice}.json"
+        if out.exists():  # measured by an earlier run into the same --dir: kept, not rerun
+            res[name] = json.loads(out.read_text())
+            print(f"{name}: from {out}", flush=True)
+            continue
         cmd = [sys.executable, __file__, "--worker", kind.name, "--nice", str(nice),
                "--json", str(out), "--dir", str(base / f"w-{kind.name}-{nice}"),
                "--gib", str(args.gib), "--rounds", str(args.rounds),
