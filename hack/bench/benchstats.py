@@ -26,3 +26,15 @@ def ratio(ours: Sequence[float], theirs: Sequence[float]) -> str:
     if max(ours) < min(theirs) or min(ours) > max(theirs):
         return f"{med(ours) / med(theirs):.2f}x"
     return "within spread"
+
+
+def target(ours: Sequence[float], theirs: Sequence[float], limit: float, *, at_most: bool) -> str:
+    """median(ours) / median(theirs) against a target ratio, always printed (a target is judged
+    on it), with whether the two ranges overlap so a reader can tell noise from a difference."""
+    r = med(ours) / med(theirs)
+    met = r <= limit if at_most else r >= limit
+    apart = (
+        "ranges apart" if max(ours) < min(theirs) or min(ours) > max(theirs) else "ranges overlap"
+    )
+    verdict = "met" if met else "MISSED"
+    return f"{r:.2f}x (target {'<=' if at_most else '>='} {limit}x: {verdict}; {apart})"

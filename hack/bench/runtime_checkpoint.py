@@ -36,11 +36,11 @@ from trainer_runtime.torch import CheckpointManager
 CHUNK = 32 * 1024 * 1024
 
 
-def build(gib: float) -> tuple[nn.Module, torch.optim.Optimizer, int]:
+def build(gib: float, device: str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer, int]:
     width = 4096
     per_layer = width * width + width
     layers = max(1, round(gib * 1024**3 / (3 * 4 * per_layer)))
-    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     step(model, optimizer)  # creates Adam's state
     state_bytes = sum(p.numel() * 4 * 3 for p in model.parameters())
@@ -49,7 +49,8 @@ def build(gib: float) -> tuple[nn.Module, torch.optim.Optimizer, int]:
 
 def step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: int = 8) -> None:
     optimizer.zero_grad(set_to_none=True)
-    model(torch.randn(batch, 4096)).square().mean().backward()
+    device = next(model.parameters()).device
+    model(torch.randn(batch, 4096, device=device)).square().mean().backward()
     optimizer.step()
 
 
@@ -69,6 +70,18 @@ def drop_caches() -> bool:
         return True
     except OSError:
         return False
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop `paths` from the page cache (posix_fadvise DONTNEED after fsync: clean pages go).
+    Per file, unlike drop_caches, so other work on a shared machine keeps its cache."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def raw_write(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
