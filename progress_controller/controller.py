@@ -32,6 +32,7 @@ from kubeckpt_api.groupversion import CHECKPOINT_POLICY, TRAINING_PROGRESS
 from kubeckpt_api.optin import opted_in, select_policy
 from kubeckpt_api.status_identity import owner_uid, progress_names, progress_of
 from reconciler.apply import apply_status, status_patch
+from reconciler.client import Client
 from reconciler.clock import REAL_CLOCK, Clock
 from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotFound
@@ -159,14 +160,18 @@ class ProgressController:
         trainjob_interval: float = 30.0,
         workload_interval: float = 30.0,
         trim: bool = True,
+        exec_client: Client | None = None,
     ) -> None:
         """`trim`: the caches keep only the fields the controller reads (`trim.py`).
+        `exec_client`: the client the execs go through (default: the manager's), so that execs
+        and status writes each have a rate budget of their own.
         `workload_interval`: seconds between looks for Kueue's Workload API (workloads.py)."""
         client = manager.client
         self.client = client
         self.settings = settings or PollSettings()
         self.limiter = limiter or ExecLimiter()
         self.exec_fn = exec_fn
+        self.exec_client = exec_client or client
         self.exec_timeout = exec_timeout
         self.clock = clock
         self.tp_api = client.api(TRAININGPROGRESSES)
@@ -384,7 +389,7 @@ class ProgressController:
                 self.stats["reads"] += 1
                 data, _ = await read_file(
                     self.exec_fn,
-                    self.client,
+                    self.exec_client,
                     namespace_of(pod),
                     name_of(pod),
                     container.get("name"),

@@ -16,6 +16,7 @@ from reconciler.leaderelection import LeaderElectionConfig
 from reconciler.manager import Manager, install_signal_handlers
 from reconciler.metrics_auth import MetricsAuth, server_tls
 
+from .budgets import DEFAULT_FLEET, BudgetError, size_budgets
 from .controller import ProgressController
 from .policy_status import PolicyStatusController
 from .preemption_cost import CostSettings, CostSettingsError
@@ -70,7 +71,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=d.stall_floor,
         help="least seconds without a step before Stalled",
     )
-    ap.add_argument("--max-concurrent-execs", type=int, default=10)
+    ap.add_argument(
+        "--fleet-size",
+        type=int,
+        default=DEFAULT_FLEET,
+        help="jobs to keep fresh at --poll-early: sizes every budget left unset below (execs per "
+        "second and at once, the status client's QPS and burst; progress_controller/budgets.py)",
+    )
+    ap.add_argument(
+        "--max-concurrent-execs", type=int, default=None, help="default: from --fleet-size"
+    )
     ap.add_argument(
         "--max-concurrent-execs-per-namespace",
         type=int,
@@ -78,8 +88,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="execs in flight or waiting per namespace, so that one namespace's slow reads "
         "cannot hold every slot (default: half of --max-concurrent-execs)",
     )
-    ap.add_argument("--exec-qps", type=float, default=20.0)
-    ap.add_argument("--exec-burst", type=int, default=20)
+    ap.add_argument(
+        "--exec-qps",
+        type=float,
+        default=None,
+        help="execs per second, on a client of their own (default: from --fleet-size)",
+    )
+    ap.add_argument("--exec-burst", type=int, default=None, help="default: from --fleet-size")
     ap.add_argument("--exec-timeout", type=float, default=10.0)
     ap.add_argument("--workers", type=int, default=16, help="reconciles at once (I/O bound)")
     ap.add_argument(
@@ -111,14 +126,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the boost of a job whose preemption would lose a day or more; keep it below the "
         "gap between the priority classes whose order must hold",
     )
-    ap.add_argument("--qps", type=float, default=20.0, help="API client QPS")
-    ap.add_argument("--burst", type=int, default=30, help="API client burst")
+    ap.add_argument(
+        "--qps",
+        type=float,
+        default=None,
+        help="API client QPS for everything but execs (status writes, Events, lists; default: "
+        "from --fleet-size)",
+    )
+    ap.add_argument("--burst", type=int, default=None, help="default: from --fleet-size")
+    ap.add_argument(
+        "--adaptive-qps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="treat --qps and --exec-qps as ceilings: halve on the API server's 429s and recover "
+        "(default); --no-adaptive-qps: fixed rates",
+    )
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
     try:
         args.cost_settings = CostSettings(max_boost=args.preemption_cost_max_boost)
     except CostSettingsError as e:
         ap.error(f"--preemption-cost-max-boost: {e}")
+    try:
+        sized = size_budgets(args.fleet_size, args.poll_early)
+    except BudgetError as e:
+        ap.error(f"--fleet-size / --poll-early: {e}")
+    for name, value in (
+        ("qps", sized.write_qps),
+        ("burst", sized.write_burst),
+        ("exec_qps", sized.exec_qps),
+        ("exec_burst", sized.exec_burst),
+        ("max_concurrent_execs", sized.max_concurrent_execs),
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 
@@ -137,7 +178,14 @@ def settings_from(args: argparse.Namespace) -> PollSettings:
 async def run(args: argparse.Namespace) -> None:
     config = load_kubeconfig(args.kubeconfig) if args.kubeconfig else load_config()
     config.qps, config.burst = args.qps, args.burst
+    config.adaptive_qps = args.adaptive_qps
     client = Client(config)
+    # Execs on a client of their own: they never wait behind status writes, nor these behind them.
+    exec_client = client.derived(
+        qps=args.exec_qps,
+        burst=args.exec_burst,
+        user_agent=f"{config.user_agent} exec",
+    )
     election = (
         LeaderElectionConfig(
             args.lease_name,
@@ -173,6 +221,7 @@ async def run(args: argparse.Namespace) -> None:
         workers=args.workers,
         trainjob_interval=args.trainjob_discovery_interval,
         trim=args.cache_trim,
+        exec_client=exec_client,
     )
     PolicyStatusController(manager, progress.policies, progress.namespaces)
     if args.preemption_cost:
@@ -186,6 +235,7 @@ async def run(args: argparse.Namespace) -> None:
     try:
         await manager.run()
     finally:
+        await exec_client.close()
         await client.close()
 
 

@@ -25,7 +25,7 @@ import aiohttp
 from .clock import REAL_CLOCK, Clock
 from .config import ClientConfig, load_config
 from .errors import ApiError, ResourceNotFound, TransportError, api_error
-from .ratelimit import TokenBucket
+from .ratelimit import AimdRate, TokenBucket
 from .resources import Params, Resource, ResourceClient
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,11 @@ class Client:
         self._ssl = config.ssl_context()
         self._session: aiohttp.ClientSession | None = None
         self._limiter = TokenBucket(config.qps, config.burst, clock) if config.qps else None
+        self.aimd = (
+            AimdRate(config.qps, floor=min(1.0, config.qps), clock=clock)
+            if config.qps and config.adaptive_qps
+            else None
+        )
         self._discovery: dict[str, dict[str, Resource]] = {}
         self._discovery_lock = asyncio.Lock()
         # (method, code) -> count; code "error" for transport failures. Read by the metrics.
@@ -135,7 +140,15 @@ class Client:
 
     async def _throttle(self) -> None:
         if self._limiter is not None:
+            if self.aimd is not None:
+                self._limiter.set_rate(self.aimd.rate())
             await self._limiter.wait()
+
+    def _throttled(self, retry_after: float | None) -> None:
+        """The server answered 429: with an adaptive QPS, send slower from now on."""
+        if self.aimd is not None:
+            rate = self.aimd.throttled(retry_after)
+            log.debug("429 from the API server: client rate now %.1f/s", rate)
 
     def _backoff(self, attempt: int) -> float:
         return min(0.2 * 2 ** (attempt - 1), 10.0) * (0.5 + random.random() / 2)
@@ -182,6 +195,8 @@ class Client:
             self.request_counts[(method, str(status))] += 1
             if status < 400:
                 return status, body
+            if status == 429:
+                self._throttled(retry_after)
             if status == 401 and self.config.token is not None and not reauthenticated:
                 # The token may have rotated since we read it.
                 self.config.token.invalidate()
@@ -245,6 +260,8 @@ class Client:
             ) as resp:
                 self.request_counts[("WATCH", str(resp.status))] += 1
                 if resp.status >= 400:
+                    if resp.status == 429:
+                        self._throttled(parse_retry_after(resp.headers.get("Retry-After")))
                     if resp.status == 401 and self.config.token is not None:
                         self.config.token.invalidate()
                     body = await resp.read()
@@ -285,6 +302,8 @@ class Client:
             )
         except aiohttp.WSServerHandshakeError as e:
             self.request_counts[("WS", str(e.status))] += 1
+            if e.status == 429:
+                self._throttled(None)
             raise api_error(e.status, e.message) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             self.request_counts[("WS", "error")] += 1

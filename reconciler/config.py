@@ -32,6 +32,9 @@ class ClientConfig:
     # controller-runtime's defaults; None disables client-side throttling.
     qps: float | None = 20.0
     burst: int = 30
+    # True: `qps` is a ceiling, halved on each 429 (APF shedding load) and recovered additively
+    # (ratelimit.AimdRate); False: a fixed rate, as client-go's.
+    adaptive_qps: bool = False
     timeout: float = 30.0
     connect_timeout: float = 10.0
     max_retries: int = 5

@@ -51,6 +51,13 @@ class TokenBucket:
         self._refill()
         return 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self.rate
 
+    def set_rate(self, rate: float) -> None:
+        """Change the rate from now on: tokens earned so far are kept (at the old rate)."""
+        if rate <= 0:
+            raise ValueError("rate must be > 0")
+        self._refill()
+        self.rate = rate
+
     async def wait(self) -> None:
         delay = self.reserve()
         if delay > 0:
@@ -60,6 +67,63 @@ class TokenBucket:
     def tokens(self) -> float:
         self._refill()
         return self._tokens
+
+
+class AimdRate:
+    """A client rate the API server can lower: `ceiling` until the server answers 429 (API
+    priority-and-fairness rejecting, with its Retry-After), then halved (down to `floor`), then
+    recovering by `increase` requests/s every second back to `ceiling` (additive increase,
+    multiplicative decrease, as TCP does with its window).
+
+    Why: a fixed low QPS (client-go's 20) starves a big fleet even when the server has seats to
+    spare, and a fixed high one keeps pressing a server that is shedding load. With this the
+    configured QPS is what we may use; how much of it we do use follows the server's answers.
+
+    The 429s that answer requests sent at the old rate arrive together; only one decrease is made
+    per `hold` seconds (at least the Retry-After), so one burst of rejections halves once.
+    Pure: a clock, no I/O (tests drive it with FakeClock).
+    """
+
+    def __init__(
+        self,
+        ceiling: float,
+        *,
+        floor: float = 1.0,
+        decrease: float = 0.5,
+        increase: float = 1.0,
+        hold: float = 1.0,
+        clock: Clock = REAL_CLOCK,
+    ) -> None:
+        if not 0 < floor <= ceiling:
+            raise ValueError("need 0 < floor <= ceiling")
+        if not 0 < decrease < 1 or increase <= 0 or hold < 0:
+            raise ValueError("need 0 < decrease < 1, increase > 0, hold >= 0")
+        self.ceiling = ceiling
+        self.floor = floor
+        self.decrease = decrease
+        self.increase = increase
+        self.hold = hold
+        self._clock = clock
+        self._low = ceiling  # the rate right after the last decrease
+        self._since = clock.now()  # when it was made
+        self._hold_until = float("-inf")
+        self.decreases = 0
+
+    def rate(self) -> float:
+        """The rate in force now: the last decrease plus what has been recovered since."""
+        grown = self._low + self.increase * max(0.0, self._clock.now() - self._since)
+        return min(self.ceiling, grown)
+
+    def throttled(self, retry_after: float | None = None) -> float:
+        """The server refused a request for load: lower the rate (once per hold) and return it."""
+        now = self._clock.now()
+        if now < self._hold_until:
+            return self.rate()
+        self._low = max(self.floor, self.rate() * self.decrease)
+        self._since = now + (retry_after or 0.0)  # no recovery before the server's own wait
+        self._hold_until = now + max(self.hold, retry_after or 0.0)
+        self.decreases += 1
+        return self._low
 
 
 class RateLimiter(Protocol):

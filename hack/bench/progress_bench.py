@@ -47,7 +47,7 @@ from progress_controller.decide import changed  # noqa: E402
 from progress_controller.schedule import PollSettings  # noqa: E402
 from reconciler import Client, Informer  # noqa: E402
 from reconciler.config import load_kubeconfig  # noqa: E402
-from reconciler.resources import PODS, Resource  # noqa: E402
+from reconciler.resources import PODS, Resource, ResourceClient  # noqa: E402
 from trainer_runtime.contract.progress import parse_rfc3339  # noqa: E402
 
 NS = "bench"
@@ -115,53 +115,83 @@ async def setup(client: Client, root: Path, jobs: int, update: float) -> list[Pa
                 },
             },
         }
-        coros.append(job_api.create(job))
+        coros.append(create_job(job_api, pod_api, exec_api, job, d, path, i))
+    await gather_bounded(32, coros)
+    return paths
+
+
+async def create_job(
+    job_api: ResourceClient,
+    pod_api: ResourceClient,
+    exec_api: ResourceClient,
+    job: dict,
+    d: Path,
+    path: Path,
+    i: int,
+) -> None:
+    """The job, then its KWOK Exec and its two pods, each pod controlled by the job (the
+    controller's ownership check follows the controller reference to the job's uid)."""
+    name = job["metadata"]["name"]
+    created = await job_api.create(job)
+    owner = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "name": name,
+        "uid": created["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    coros = []
+    coros.append(
+        exec_api.create(
+            {
+                "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                "kind": "Exec",
+                "metadata": {"name": f"{name}-m", "namespace": NS},
+                "spec": {"execs": [{"local": {"workDir": str(d)}}]},
+            }
+        )
+    )
+    for role, suffix in (("master", "m"), ("worker", "w")):
+        labels = {
+            "training.kubeflow.org/job-name": name,
+            "training.kubeflow.org/replica-type": role,
+            "training.kubeflow.org/replica-index": "0",
+            "kubeckpt.io/injected": "true",
+        }
+        if role == "master":
+            labels["training.kubeflow.org/job-role"] = "master"
         coros.append(
-            exec_api.create(
+            pod_api.create(
                 {
-                    "apiVersion": "kwok.x-k8s.io/v1alpha1",
-                    "kind": "Exec",
-                    "metadata": {"name": f"{name}-m", "namespace": NS},
-                    "spec": {"execs": [{"local": {"workDir": str(d)}}]},
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"{name}-{suffix}",
+                        "namespace": NS,
+                        "labels": labels,
+                        "ownerReferences": [owner],
+                    },
+                    "spec": {
+                        "nodeName": f"kwok-node-{i % 3}",
+                        "containers": [
+                            {
+                                "name": "pytorch",
+                                "image": "x",
+                                "env": [
+                                    {"name": "TRAINING_PROGRESS_FILE", "value": str(path)},
+                                    {
+                                        "name": "PROGRESS_UPDATE_FREQUENCY",
+                                        "value": str(FREQUENCY),
+                                    },
+                                ],
+                            }
+                        ],
+                    },
                 }
             )
         )
-        for role, suffix in (("master", "m"), ("worker", "w")):
-            labels = {
-                "training.kubeflow.org/job-name": name,
-                "training.kubeflow.org/replica-type": role,
-                "training.kubeflow.org/replica-index": "0",
-                "kubeckpt.io/injected": "true",
-            }
-            if role == "master":
-                labels["training.kubeflow.org/job-role"] = "master"
-            coros.append(
-                pod_api.create(
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "metadata": {"name": f"{name}-{suffix}", "namespace": NS, "labels": labels},
-                        "spec": {
-                            "nodeName": f"kwok-node-{i % 3}",
-                            "containers": [
-                                {
-                                    "name": "pytorch",
-                                    "image": "x",
-                                    "env": [
-                                        {"name": "TRAINING_PROGRESS_FILE", "value": str(path)},
-                                        {
-                                            "name": "PROGRESS_UPDATE_FREQUENCY",
-                                            "value": str(FREQUENCY),
-                                        },
-                                    ],
-                                }
-                            ],
-                        },
-                    }
-                )
-            )
-    await gather_bounded(32, coros)
-    return paths
+    await asyncio.gather(*coros)
 
 
 def proc_stats(pid: int) -> tuple[float, int]:

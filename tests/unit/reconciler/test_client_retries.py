@@ -179,3 +179,21 @@ def test_incluster_config(tmp_path: Path) -> None:
     assert v6.server == "https://[fd00::1]:443"
     with pytest.raises(RuntimeError):
         load_incluster(tmp_path, {})
+
+
+async def test_adaptive_qps_halves_on_429_and_fixed_does_not(server) -> None:
+    handler, seen = scripted((429, {"Retry-After": "1"}), (200, {}))
+    url = await server(handler)
+    clock = RecordingClock()
+    async with Client(ClientConfig(url, qps=40.0, burst=40, adaptive_qps=True), clock=clock) as c:
+        await c.request("GET", "/api/v1/namespaces")
+        assert len(seen) == 2
+        assert c.aimd is not None
+        assert c.aimd.decreases == 1
+        assert c._limiter is not None
+        assert c._limiter.rate == 20.0  # set before the retry was sent
+    handler2, _ = scripted((429, {"Retry-After": "1"}), (200, {}))
+    async with Client(ClientConfig(await server(handler2), qps=40.0, burst=40)) as fixed:
+        await fixed.request("GET", "/api/v1/namespaces")
+        assert fixed.aimd is None
+        assert fixed._limiter is not None and fixed._limiter.rate == 40.0
