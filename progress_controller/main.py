@@ -20,6 +20,8 @@ from .controller import ProgressController
 from .policy_status import PolicyStatusController
 from .preemption_cost import CostSettings, CostSettingsError
 from .preemption_cost_controller import PreemptionCostController
+from .push import PushEndpoint, serve_push
+from .push_auth import PushAuth
 from .schedule import ExecLimiter, PollSettings
 
 log = logging.getLogger("kubeckpt.reconciler")
@@ -111,6 +113,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the boost of a job whose preemption would lose a day or more; keep it below the "
         "gap between the priority classes whose order must hold",
     )
+    ap.add_argument(
+        "--progress-push-port",
+        type=int,
+        default=0,
+        help="HTTPS port of the progress push endpoint (push.py); 0: off (default)",
+    )
+    ap.add_argument(
+        "--progress-push-cert-dir",
+        default="",
+        help="tls.crt and tls.key for the push endpoint (default: self-signed)",
+    )
     ap.add_argument("--qps", type=float, default=20.0, help="API client QPS")
     ap.add_argument("--burst", type=int, default=30, help="API client burst")
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
@@ -175,6 +188,14 @@ async def run(args: argparse.Namespace) -> None:
         trim=args.cache_trim,
     )
     PolicyStatusController(manager, progress.policies, progress.namespaces)
+    if args.progress_push_port:
+        # Token reviews on a client and budget of their own (push_auth.py).
+        push = PushEndpoint(progress, PushAuth.with_own_client(client))
+        cert_dir = args.progress_push_cert_dir or None
+        port = args.progress_push_port
+        manager.add_runnable(
+            lambda: serve_push(push, args.bind_address, port, cert_dir), leader_only=False
+        )
     if args.preemption_cost:
         PreemptionCostController(manager, progress, settings=args.cost_settings)
     install_signal_handlers(manager)
