@@ -156,7 +156,8 @@ class PushEndpoint:
                 f"{kind.kind} {ns}/{name} has no TrainingProgress that it owns (a deleted job's "
                 "is still there, or none is made yet): kubeckpt does not write one it does not own",
             )
-        ctl.accept_push(key, who.pod_uid, record)
+        if record is not None:
+            ctl.accept_push(key, who.pod_uid, record)
         try:
             echo: Any = json.loads(data)
         except ValueError:  # parse_push accepted it

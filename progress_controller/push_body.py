@@ -25,7 +25,11 @@ from typing import Any, Final
 from trainer_runtime.contract.errors import ContractError
 from trainer_runtime.contract.progress import (
     MAX_COUNT,
+    MAX_NESTING,
+    MAX_PROGRESS_BYTES,
     ProgressRecord,
+    _nesting,
+    _reject_constant,
     format_rfc3339,
     parse_progress,
     parse_rfc3339,
@@ -139,21 +143,42 @@ def trainer_record(status: Any) -> dict[str, Any]:
     return out
 
 
-def parse_push(data: bytes) -> ProgressRecord:
-    """The record a push carries; PushBodyError (400) for anything a progress file would not pass,
-    an unknown field of Trainer's shape, or a control character."""
+def _load(data: bytes) -> Any:
+    """JSON with the file path's guards: size, UTF-8, depth, no NaN/Infinity constants."""
+    if len(data) > MAX_PROGRESS_BYTES:
+        raise PushBodyError(f"the body is over the limit of {MAX_PROGRESS_BYTES} bytes")
     try:
-        record = parse_progress(data)  # size, UTF-8, depth, constants, int64, decimals
-    except ContractError as e:
-        raise PushBodyError(str(e).replace("progress file", "push body")) from None
-    obj = json.loads(data)  # parse_progress accepted it: cannot fail or nest deeply
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PushBodyError(f"the body is not valid UTF-8: {e}") from None
+    if _nesting(text) > MAX_NESTING:
+        raise PushBodyError(f"the body is nested over {MAX_NESTING} deep")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ContractError, ValueError, RecursionError) as e:
+        raise PushBodyError(f"the body is not valid JSON: {e}") from None
+
+
+def parse_push(data: bytes) -> ProgressRecord | None:
+    """The record a push carries; PushBodyError (400) for anything a progress file would not pass,
+    an unknown field of Trainer's shape, or a control character. None for a Trainer body with no
+    step (KubeflowCallback's first, at train begin): valid, but nothing to record."""
+    obj = _load(data)
+    if not isinstance(obj, dict):
+        raise PushBodyError("the body must be a JSON object")
     _no_control(obj, "body")
     if TRAINER_STATUS not in obj:
-        return record
+        try:
+            return parse_progress(data)  # exactly the file's validation
+        except ContractError as e:
+            raise PushBodyError(str(e).replace("progress file", "push body")) from None
     if set(obj) != {TRAINER_STATUS}:
         extra = sorted(set(obj) - {TRAINER_STATUS})
         raise PushBodyError(f"unknown field(s) beside trainerStatus: {', '.join(map(repr, extra))}")
+    fields = trainer_record(obj[TRAINER_STATUS])
+    if "step" not in fields:
+        return None
     try:
-        return ProgressRecord.from_dict(trainer_record(obj[TRAINER_STATUS]))
+        return ProgressRecord.from_dict(fields)
     except ContractError as e:
         raise PushBodyError(f"trainerStatus: {e}") from None
