@@ -234,9 +234,10 @@ async def test_unmodified_kubeflow_callback_pushes(
             await asyncio.sleep(5.1)  # the callback sends at most one update per 5 s
             state.global_step = 40
             await asyncio.to_thread(cb.on_step_end, args, state, control)
-            await eventually(lambda: _step(client, ns, "hf", 40, "push"), "the callback's push", 30)
+            pushed = lambda: _step(client, ns, "hf", 40, "push")  # noqa: E731
+            await eventually(pushed, "the callback's push", 30)
             st = await status(client, ns, "hf")
-            assert st["loss"] == "0.2500" and st["totalSteps"] == 100
+            assert st["loss"] == "0.25" and st["totalSteps"] == 100
             assert ctrl.stats["pushes"] == 1  # the train-begin push has no step: nothing recorded
 
 
