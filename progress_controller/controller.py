@@ -243,13 +243,8 @@ class ProgressController:
         # Foreign pods reported by an Event on a job that has no TrainingProgress to hold the
         # condition that remembers them: job key -> pod UIDs.
         self._foreign_reported: dict[str, set[str]] = {}
-        self.stats = {
-            "reads": 0,
-            "writes": 0,
-            "skipped_writes": 0,
-            "annotation_writes": 0,
-            "pushes": 0,
-        }
+        self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0, "annotation_writes": 0}
+        self.pushes = 0  # accepted pushes (push.py); apart from `stats`, which /metrics exports
         self.manager = manager
         manager.metrics.registry.register(
             ProgressCollector(self.job_statuses, self.stats, lambda: manager.is_leader)
@@ -266,7 +261,7 @@ class ProgressController:
             state.push_interval = now - state.last_push
         state.last_push = now
         state.pushed = (pod_uid, record)
-        self.stats["pushes"] += 1
+        self.pushes += 1
         self.controller.enqueue(Request.from_key(key))
 
     # --- helpers ---
