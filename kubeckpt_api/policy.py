@@ -70,6 +70,7 @@ class Policy:
     local_model_parameters: int | None = None
     local_period_steps: int = 100
     progress_every_steps: int = 5
+    progress_push: bool = False
     auto_instrumentation: bool = False
     selector: Mapping[str, Any] = field(default_factory=dict)
     created: str = ""
@@ -145,6 +146,7 @@ def _parse(obj: Mapping[str, Any]) -> Policy:
         local_model_parameters=spec.local_tier.model_parameters,
         local_period_steps=spec.local_tier.period_steps,
         progress_every_steps=spec.progress.update_every_steps,
+        progress_push=spec.progress.push,
         auto_instrumentation=spec.instrumentation.auto,
         # the selector as written (validated, unknown fields dropped); select_policy matches it
         selector=(

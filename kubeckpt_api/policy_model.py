@@ -201,6 +201,7 @@ class LocalTier(_Schema):
 
 class Progress(_Schema):
     update_every_steps: PositiveInt = Field(5, alias="updateEverySteps")
+    push: Bool = False  # issue 26: the pod also pushes its progress (progress_controller/push.py)
 
 
 class Instrumentation(_Schema):

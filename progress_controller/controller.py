@@ -41,6 +41,7 @@ from reconciler.fairlimit import Busy
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of
 from reconciler.resources import NAMESPACES, PODS, Resource
+from trainer_runtime.contract.progress import ProgressRecord
 
 from . import discovery as d
 from .decide import FIELD_MANAGER, Decision, Observation, changed, decide, foreign_event
@@ -49,7 +50,14 @@ from .lastcheckpoint import pod_patch, wanted
 from .metrics import ProgressCollector
 from .ownership import OwnerResolver
 from .reading import ExecFn, ReadError, parse, read_file
-from .schedule import ExecLimiter, PollSettings, poll_interval, stall_after, update_period
+from .schedule import (
+    ExecLimiter,
+    PollSettings,
+    poll_interval,
+    push_fresh_until,
+    stall_after,
+    update_period,
+)
 from .trainjob import TRAINJOB_API_VERSION, TrainJobWatcher, trainer_status, trainer_status_server
 from .trim import POD_PAGE_SIZE, strip_bookkeeping, trim_pod
 from .workload_boost import workload_job
@@ -136,6 +144,10 @@ class _JobState:
     new_pod: bool = False  # the rank-0 pod was replaced and no record from the new one yet
     step: int | None = None
     exec_failures: int = 0  # transport failures in a row (TRANSIENT_READ_ERRORS)
+    # The latest pushed record not yet decided on, with the UID of the pod that pushed it.
+    pushed: tuple[str, ProgressRecord] | None = None
+    last_push: float | None = None  # when the latest push arrived (clock time)
+    push_interval: float | None = None  # seconds between the last two pushes
 
 
 # Exec transport failures (API server or node hiccups), not the file's content: one in a row is
@@ -237,10 +249,25 @@ class ProgressController:
         # condition that remembers them: job key -> pod UIDs.
         self._foreign_reported: dict[str, set[str]] = {}
         self.stats = {"reads": 0, "writes": 0, "skipped_writes": 0, "annotation_writes": 0}
+        self.pushes = 0  # accepted pushes (push.py); apart from `stats`, which /metrics exports
         self.manager = manager
         manager.metrics.registry.register(
             ProgressCollector(self.job_statuses, self.stats, lambda: manager.is_leader)
         )
+
+    def accept_push(self, key: str, pod_uid: str, record: ProgressRecord) -> None:
+        """A push the endpoint accepted (push.py: token, pod, job and body checked): keep the
+        newest record and reconcile the job, which decides and writes it as it would an exec
+        read. Pushes that arrive faster than the job is reconciled collapse into the newest
+        (the queue holds a key once): at most one status write per reconcile."""
+        now = self.clock.now()
+        state = self._state.setdefault(key, _JobState(first_seen=now))
+        if state.last_push is not None:
+            state.push_interval = now - state.last_push
+        state.last_push = now
+        state.pushed = (pod_uid, record)
+        self.pushes += 1
+        self.controller.enqueue(Request.from_key(key))
 
     # --- helpers ---
     def _forget(self, key: str) -> None:
@@ -463,17 +490,31 @@ class ProgressController:
                         obs.error_reason, obs.error_message = e.reason, e.message
             elif cs.state == "running" and outcome is None:
                 running = True
+                pushed, state.pushed = state.pushed, None
+                if pushed is not None and pushed[0] != pod_uid:
+                    pushed = None  # from a pod that is no longer rank 0 (replaced since)
                 due = now >= state.next_poll or pod_uid != state.pod_uid
-                if not due:
+                fresh_until = push_fresh_until(
+                    state.last_push, state.push_interval, self.settings.early
+                )
+                if pushed is None and due and pod_uid == state.pod_uid and now < fresh_until:
+                    # The pod pushes: no exec while its pushes keep coming; polled again once
+                    # the last one is older than twice its interval (schedule.push_fresh_until).
+                    due = False
+                    state.next_poll = fresh_until
+                if pushed is None and not due:
                     # No read, but a pod created since (a restarted rank) gets the annotations.
                     await self._publish_checkpoint(key, prev_status, own)
                     return Result(requeue_after=max(state.next_poll - now, 0.01))
-                try:
-                    obs = await self._read(pod, container, kind)
-                except Busy:
-                    # The namespace has its share of execs in flight (limiter.refused counts
-                    # these): read the job later, without holding a worker meanwhile.
-                    return Result(requeue_after=self.limiter.retry_after())
+                if pushed is not None:
+                    obs = Observation(pod=pod_name, source="push", record=pushed[1])
+                else:
+                    try:
+                        obs = await self._read(pod, container, kind)
+                    except Busy:
+                        # The namespace has its share of execs in flight (limiter.refused counts
+                        # these): read the job later, without holding a worker meanwhile.
+                        return Result(requeue_after=self.limiter.retry_after())
                 obs.outcome = outcome
                 if obs.error_reason in TRANSIENT_READ_ERRORS:
                     state.exec_failures += 1
@@ -527,6 +568,11 @@ class ProgressController:
             period=period,
         )
         state.next_poll = now + interval
+        fresh_until = push_fresh_until(state.last_push, state.push_interval, self.settings.early)
+        if now < fresh_until:
+            # Pushes arrive: the next look is when they would be overdue, not an exec sooner.
+            state.next_poll = max(state.next_poll, fresh_until)
+            interval = state.next_poll - now
         return Result(requeue_after=interval)
 
     def _kueue_eviction(self, job: KubeObject) -> tuple[Eviction | None, str | None]:

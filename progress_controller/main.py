@@ -21,6 +21,8 @@ from .controller import ProgressController
 from .policy_status import PolicyStatusController
 from .preemption_cost import CostSettings, CostSettingsError
 from .preemption_cost_controller import PreemptionCostController
+from .push import PushEndpoint, serve_push
+from .push_auth import PushAuth
 from .schedule import ExecLimiter, PollSettings
 
 log = logging.getLogger("kubeckpt.reconciler")
@@ -141,6 +143,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="treat --qps and --exec-qps as ceilings: halve on the API server's 429s and recover "
         "(default); --no-adaptive-qps: fixed rates",
     )
+    ap.add_argument(
+        "--progress-push-port",
+        type=int,
+        default=0,
+        help="HTTPS port of the progress push endpoint (push.py); 0: off (default)",
+    )
+    ap.add_argument(
+        "--progress-push-cert-dir",
+        default="",
+        help="tls.crt and tls.key for the push endpoint (default: self-signed)",
+    )
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
     try:
@@ -224,6 +237,14 @@ async def run(args: argparse.Namespace) -> None:
         exec_client=exec_client,
     )
     PolicyStatusController(manager, progress.policies, progress.namespaces)
+    if args.progress_push_port:
+        # Token reviews on a client and budget of their own (push_auth.py).
+        push = PushEndpoint(progress, PushAuth.with_own_client(client))
+        cert_dir = args.progress_push_cert_dir or None
+        port = args.progress_push_port
+        manager.add_runnable(
+            lambda: serve_push(push, args.bind_address, port, cert_dir), leader_only=False
+        )
     if args.preemption_cost:
         PreemptionCostController(manager, progress, settings=args.cost_settings)
     install_signal_handlers(manager)

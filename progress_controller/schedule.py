@@ -77,6 +77,27 @@ def poll_interval(
     return base * (1.0 + settings.jitter * r)
 
 
+# Push intervals are measured from the pushes themselves; these bound what a pod can make of them
+# (a push every millisecond must not make its job's overdue check fire at once, and a claimed hour
+# must not keep the job unread for long).
+MIN_PUSH_INTERVAL = 1.0
+MAX_PUSH_INTERVAL = 300.0
+PUSH_OVERDUE_FACTOR = 2.0
+
+
+def push_fresh_until(
+    last_push: float | None, push_interval: float | None, default_interval: float
+) -> float:
+    """Until when a job that pushes is not read by exec: its last push plus twice the interval
+    between its last two pushes (`default_interval` after the first push). -inf without a push:
+    a job that never pushed, or stopped long ago, is polled as before."""
+    if last_push is None:
+        return float("-inf")
+    interval = push_interval if push_interval is not None else default_interval
+    interval = min(max(interval, MIN_PUSH_INTERVAL), MAX_PUSH_INTERVAL)
+    return last_push + PUSH_OVERDUE_FACTOR * interval
+
+
 def stall_after(settings: PollSettings, period: float | None) -> float:
     """Seconds without a step before a job is Stalled: at least 3 update periods."""
     if period is None:

@@ -19,6 +19,7 @@ from reconciler.errors import ApiError, ResourceNotFound
 from reconciler.informer import Informer
 from reconciler.objects import KubeObject
 from reconciler.resources import Resource
+from trainer_runtime.contract.env import KUBECKPT_PROGRESS_PUSH_URL
 
 log = logging.getLogger("kubeckpt.progress.trainjob")
 
@@ -87,8 +88,12 @@ def trainer_status(tp_status: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def trainer_status_server(container: dict[str, Any]) -> bool:
-    """Whether Trainer's status server reports this pod's progress (gate TrainJobStatus on)."""
-    return any(e.get("name") == TRAINER_SERVER_ENV for e in container.get("env") or [])
+    """Whether Trainer's status server reports this pod's progress (gate TrainJobStatus on): its
+    URL is set and is not the one our webhook injected for push (then it equals ours)."""
+    env = {e.get("name"): e.get("value") for e in container.get("env") or []}
+    if TRAINER_SERVER_ENV not in env:
+        return False
+    return env[TRAINER_SERVER_ENV] != env.get(KUBECKPT_PROGRESS_PUSH_URL, object())
 
 
 class TrainJobWatcher:

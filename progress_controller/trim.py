@@ -21,13 +21,14 @@ from typing import Any
 from kubeckpt_api.optin import ANNOTATION_PREFIX
 from reconciler.objects import KubeObject
 from reconciler.transform import strip_bookkeeping
-from trainer_runtime.contract.env import ALL_ENV_VARS
+from trainer_runtime.contract.env import ALL_ENV_VARS, KUBECKPT_PROGRESS_PUSH_URL
 
 from .trainjob import TRAINER_SERVER_ENV
 
 __all__ = ["POD_PAGE_SIZE", "strip_bookkeeping", "trim_pod"]
 
-_ENV_READ = frozenset({*ALL_ENV_VARS, TRAINER_SERVER_ENV})
+# Our push URL too: Trainer's URL equal to it is ours, not Trainer's server (trainjob.py).
+_ENV_READ = frozenset({*ALL_ENV_VARS, TRAINER_SERVER_ENV, KUBECKPT_PROGRESS_PUSH_URL})
 
 # Pods are listed in pages of this many: a page is held whole (as sent, then decoded) while it is
 # trimmed, and what it took stays in the process's RSS (the allocator keeps it for reuse), so a

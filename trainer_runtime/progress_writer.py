@@ -28,6 +28,7 @@ from .contract import (
 )
 from .contract.progress import UNVERIFIABLE_CHECKPOINTS
 from .fsutil import write_atomic
+from .progress_push import ProgressPusher
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class ProgressWriter:
         self._record: ProgressRecord | None = None
         self._warned = False
         self.writes = 0
+        # Set when the webhook injected the push endpoint (progress.push); else None.
+        self.pusher = ProgressPusher.from_env() if enabled else None
 
     # --- state the manager feeds in ---
 
@@ -179,6 +182,8 @@ class ProgressWriter:
         self._record = record
         if not self.enabled:
             return False
+        if self.pusher is not None:
+            self.pusher.offer(record.to_json().encode("utf-8"))  # background; never blocks
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, record.to_json(indent=1).encode("utf-8"))

@@ -54,6 +54,8 @@ from trainer_runtime.contract import (
 from trainer_runtime.contract.env import CHECKPOINT_ON_UNVERIFIABLE, ON_UNVERIFIABLE_FAIL
 from trainer_runtime.zerocode import pythonpath_entries
 
+from .push_injection import push_env, push_volume
+
 RUN_VOLUME = "kubeckpt-run"
 LOCAL_VOLUME = "kubeckpt-local"
 LOCAL_DIR = f"{RUN_DIR}/local"
@@ -348,6 +350,8 @@ def mutate(
             }
         )
     env += secret_env
+    if policy.progress_push:
+        env += push_env(job, ns, container)
     if zerocode_env is not None:
         env.append(zerocode_env)
     have_env = {e.get("name") for e in container.get("env") or []}
@@ -373,6 +377,8 @@ def mutate(
                 {"name": LOCAL_VOLUME, "mountPath": LOCAL_DIR},
             )
         )
+    if policy.progress_push:
+        volumes.append(push_volume())
     if zerocode:
         volumes.append(
             (

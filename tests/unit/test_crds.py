@@ -751,7 +751,7 @@ def test_progress_status_fields(progress_root: dict[str, Any]) -> None:
             assert props[name]["type"] == "string", name
     assert props["lastUpdateTime"]["format"] == "date-time"
     assert props["lastPollTime"]["format"] == "date-time"
-    assert props["source"]["enum"] == ["exec", "terminationMessage"]
+    assert props["source"]["enum"] == ["exec", "terminationMessage", "push"]
     assert props["observedPod"]["type"] == "string"
     checkpointing = props["checkpointing"]["properties"]
     assert checkpointing["enabled"]["type"] == "boolean"

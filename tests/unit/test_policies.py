@@ -380,3 +380,51 @@ def test_the_preemption_cost_component_turns_the_flag_on_with_its_rights(tmp_pat
     subjects = [f"system:serviceaccount:{s['namespace']}:{s['name']}" for s in binding["subjects"]]
     assert subjects == [_accounts(docs)["reconciler"]]
     assert set(by_kind(docs, VAP)) == {*RECONCILER_POLICIES, *WEBHOOK_POLICIES}
+
+
+def test_the_progress_push_component_serves_the_endpoint_with_the_review_right(
+    tmp_path: Path,
+) -> None:
+    """Off in config/default (no push port, no Service); with the component (on top of
+    config/certmanager, which issues its certificate) the reconciler serves it on its Service
+    from the mounted Secret. Checking the pods' tokens needs `create` on tokenreviews, which the
+    reconciler's role already grants (README, threat model) and nothing more."""
+    default = render(CONFIG / "default")
+    args = by_kind(default, "Deployment")["kubeckpt-reconciler"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert not any(a.startswith("--progress-push-port") for a in args)
+    assert "kubeckpt-progress" not in by_kind(default, "Service")
+    review_rules = [
+        r
+        for r in by_kind(default, "ClusterRole")["kubeckpt-reconciler"]["rules"]
+        if "tokenreviews" in r.get("resources", [])
+    ]
+    assert [r["verbs"] for r in review_rules] == [["create"]]
+    assert review_rules[0]["apiGroups"] == ["authentication.k8s.io"]
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    kustomization = {
+        "resources": [os.path.relpath(CONFIG / "certmanager", overlay)],
+        "components": [os.path.relpath(CONFIG / "components" / "progress-push", overlay)],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    docs = render(overlay)
+    pod = by_kind(docs, "Deployment")["kubeckpt-reconciler"]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert "--progress-push-port=8444" in c["args"]
+    assert "--progress-push-cert-dir=/etc/kubeckpt/progress-certs" in c["args"]
+    assert {"name": "https-progress", "containerPort": 8444} in c["ports"]
+    assert pod["volumes"] == [
+        {"name": "progress-certs", "secret": {"secretName": "kubeckpt-progress-tls"}}
+    ]
+    svc = by_kind(docs, "Service")["kubeckpt-progress"]
+    assert svc["spec"]["ports"] == [
+        {"name": "https-progress", "port": 443, "targetPort": "https-progress"}
+    ]
+    cert = by_kind(docs, "Certificate")["kubeckpt-progress"]
+    assert "kubeckpt-progress.kubeckpt-system.svc" in cert["spec"]["dnsNames"]
+    # Every policy still bound to deny.
+    assert set(by_kind(docs, "ValidatingAdmissionPolicy")) == set(
+        by_kind(default, "ValidatingAdmissionPolicy")
+    )

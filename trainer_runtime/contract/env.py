@@ -59,6 +59,16 @@ ALL_ENV_VARS: Final = (
     KUBECKPT_NAMESPACE,
 )
 
+# Progress push (issue 26), injected only when the policy sets progress.push; not in ALL_ENV_VARS:
+# the runtime pushes when it finds them, and nothing else depends on them. Trainer's names (what
+# transformers' KubeflowCallback reads) are injected beside ours unless Trainer set them itself.
+KUBECKPT_PROGRESS_PUSH_URL: Final = "KUBECKPT_PROGRESS_PUSH_URL"
+KUBECKPT_PROGRESS_PUSH_TOKEN: Final = "KUBECKPT_PROGRESS_PUSH_TOKEN"
+KUBECKPT_PROGRESS_PUSH_CA: Final = "KUBECKPT_PROGRESS_PUSH_CA"
+KUBEFLOW_TRAINER_SERVER_URL: Final = "KUBEFLOW_TRAINER_SERVER_URL"
+KUBEFLOW_TRAINER_SERVER_TOKEN: Final = "KUBEFLOW_TRAINER_SERVER_TOKEN"
+KUBEFLOW_TRAINER_SERVER_CA_CERT: Final = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
+
 # --- well-known paths and file names -------------------------------------------------------------
 
 RUN_DIR: Final = "/var/run/kubeckpt"  # the injected emptyDir for progress and control files

@@ -66,3 +66,13 @@ def test_exec_limiter_shares_by_namespace() -> None:
     lim = ExecLimiter()
     retries = [lim.retry_after(random.Random(i)) for i in range(100)]
     assert all(1.0 <= r < 2.0 for r in retries) and len(set(retries)) > 90
+
+
+def test_push_fresh_until() -> None:
+    from progress_controller.schedule import MAX_PUSH_INTERVAL, push_fresh_until
+
+    assert push_fresh_until(None, None, 15.0) == float("-inf")  # never pushed: polled as before
+    assert push_fresh_until(100.0, None, 15.0) == 130.0  # first push: twice the default
+    assert push_fresh_until(100.0, 10.0, 15.0) == 120.0  # twice the measured interval
+    assert push_fresh_until(100.0, 0.001, 15.0) == 102.0  # at least 1 s
+    assert push_fresh_until(100.0, 1e9, 15.0) == 100.0 + 2 * MAX_PUSH_INTERVAL
