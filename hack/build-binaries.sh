@@ -476,7 +476,9 @@ write_env() {
   env_line KUBECKPT_TRAINER_MANIFESTS "$t" "$t"
   env_line KUBECKPT_KUEUE "$q/kueue" "$q"
   env_line KUBECKPT_KUEUE_MANIFESTS "$q" "$q"
-  echo "KUBECKPT_KUBECTL=$KUBECTL"
+  if [ -n "$KUBECTL" ]; then
+    echo "KUBECKPT_KUBECTL=$KUBECTL"
+  fi
   env_line KUBECKPT_KUBELET "$n/kubelet" "$n"
   env_line KUBECKPT_KUBE_PROXY "$n/kube-proxy" "$n"
   env_line KUBECKPT_COREDNS "$c/coredns" "$c"
@@ -532,8 +534,13 @@ main() {
     wait "$pid" || failed=1
   done
   [ "$failed" = 0 ] || die "a build failed: the step marked FAILED above says which"
-  find_kubectl
-  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION-$PROMETHEUS_VERSION-$KUEUE_VERSION.env"
+  # --only builds no kubectl for the env file (the S3 tests need none): one found is named.
+  if [ -z "$only" ] || cached kubectl; then
+    find_kubectl
+  else
+    KUBECTL=""
+  fi
+  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION-$PROMETHEUS_VERSION-$KUEUE_VERSION-$SEAWEEDFS_VERSION.env"
   write_env >"$envfile.tmp"
   mv "$envfile.tmp" "$envfile"
   log "binaries for $purpose ready in $((SECONDS - start)) s"
