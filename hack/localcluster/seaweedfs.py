@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .processes import ClusterError, Process, free_port, wait_ready
+from .processes import Process, free_port, wait_ready
 
 # Small volumes, many allowed: each bucket is a collection that grows volumes of its own, and
 # SeaweedFS sizes the volume count from free disk space otherwise (none when the disk is small).
@@ -136,25 +134,18 @@ class SeaweedFS:
         with urllib.request.urlopen(url, timeout=5) as r:
             return "fid" in json.load(r)
 
-    def create_bucket(self, name: str, timeout: float = 30) -> None:
-        """Create `name` with SeaweedFS's shell (no S3 client needed), waiting for the filer."""
-        assert self.proc is not None
-        master = f"127.0.0.1:{self.ports['master']}"
-        deadline = time.monotonic() + timeout
-        while True:
-            out = subprocess.run(
-                [str(self.binary), "shell", f"-master={master}"],
-                input=f"s3.bucket.create -name {name}\n",
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-            if out.returncode == 0 and "error" not in (out.stdout + out.stderr).lower():
-                return
-            if time.monotonic() > deadline:
-                raise ClusterError(f"could not create bucket {name}: {out.stdout}{out.stderr}")
-            time.sleep(0.5)
+    def create_bucket(self, name: str) -> None:
+        """Create `name` through the S3 API (botocore: what s3fs, the `s3` extra, runs on)."""
+        import botocore.session
+
+        client = botocore.session.get_session().create_client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{self.ports['s3']}",
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=REGION,
+        )
+        client.create_bucket(Bucket=name)
 
     def stop(self) -> None:
         if self.proc is not None:
