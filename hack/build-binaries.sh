@@ -5,6 +5,8 @@
 #
 # Prints, as its last line, the path of an env file that names every binary built (read by
 # hack/localcluster/binaries.py). Usage: hack/build-binaries.sh [--for demo|demo-kueue|all] (default all)
+# or hack/build-binaries.sh --only STEP[,STEP...] (those steps alone, e.g. --only seaweedfs; the env
+# file is rewritten and names every complete build, as after a full run).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -336,6 +338,18 @@ build_kueue() {
   touch "$out/.complete"
 }
 
+# SeaweedFS's `weed` (the S3 tests' server, tests/support/seaweedfs.py): built inside its module, as
+# upstream builds it (its go.mod replaces a module, which `go install mod@version` refuses).
+build_seaweedfs() {
+  local out="$CACHE/seaweedfs-$SEAWEEDFS_VERSION"
+  done_stamp "$out" && return
+  log "building SeaweedFS (weed) $SEAWEEDFS_VERSION (cold: about 6 minutes on 2 cores)"
+  rm -rf "$out"
+  mkdir -p "$out"
+  build_in_module "github.com/seaweedfs/seaweedfs@$SEAWEEDFS_VERSION" ./weed "$out/weed"
+  touch "$out/.complete"
+}
+
 find_kubectl() {
   # The machine's kubectl when it is within one minor version of the server (the supported skew),
   # else one built from the same Kubernetes module.
@@ -369,11 +383,13 @@ build_kubernetes_kubectl() {
 # What each purpose builds. demo: what `make demo` starts (the control plane, the
 # training-operator, the real node: about half the cold build; the demo's cluster has no KWOK
 # node, so no KWOK); demo-kueue: that and Kueue (`make demo DEMO_ARGS=--kueue`). all: everything
-# the tests start (KWOK, Kubeflow Trainer and JobSet, Kueue, Prometheus, tmux).
+# the tests start (KWOK, Kubeflow Trainer and JobSet, Kueue, Prometheus, SeaweedFS, tmux).
 # Three lanes run at once: the Kubernetes builds (the longest), the other Go builds, the Debian
 # packages. Go's module and build caches are safe to share between concurrent builds; the overlap
 # hides downloads behind compiling, which a 2-core machine otherwise waits for.
 LANE_K8S=(kubernetes kubernetes_node kubectl)
+# SeaweedFS goes after the Kubernetes builds: that lane is the shorter one in a cold `--for all`.
+LANE_K8S_ALL=(seaweedfs)
 LANE_GO_DEMO=(etcd training_operator coredns)
 LANE_GO_ALL=(kwok jobset trainer kueue prometheus)
 LANE_APT_DEMO=(node_packages)
@@ -393,6 +409,7 @@ cached() {
     trainer) done_stamp "$CACHE/trainer-$TRAINER_VERSION" ;;
     kueue) done_stamp "$CACHE/kueue-$KUEUE_VERSION" ;;
     prometheus) done_stamp "$CACHE/prometheus-$PROMETHEUS_VERSION" ;;
+    seaweedfs) done_stamp "$CACHE/seaweedfs-$SEAWEEDFS_VERSION" ;;
     node_packages) command -v containerd >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 ;;
     test_packages) command -v tmux >/dev/null 2>&1 ;;
     *) return 1 ;;
@@ -443,6 +460,7 @@ write_env() {
   local o="$CACHE/training-operator-$TRAINING_OPERATOR_VERSION" j="$CACHE/jobset-$JOBSET_VERSION"
   local t="$CACHE/trainer-$TRAINER_VERSION" q="$CACHE/kueue-$KUEUE_VERSION"
   local c="$CACHE/coredns-$COREDNS_VERSION" p="$CACHE/prometheus-$PROMETHEUS_VERSION"
+  local s="$CACHE/seaweedfs-$SEAWEEDFS_VERSION"
   env_line KUBECKPT_ETCD "$e/etcd" "$e"
   env_line KUBECKPT_KUBE_APISERVER "$k/kube-apiserver" "$k"
   env_line KUBECKPT_KUBE_CONTROLLER_MANAGER "$k/kube-controller-manager" "$k"
@@ -458,30 +476,49 @@ write_env() {
   env_line KUBECKPT_TRAINER_MANIFESTS "$t" "$t"
   env_line KUBECKPT_KUEUE "$q/kueue" "$q"
   env_line KUBECKPT_KUEUE_MANIFESTS "$q" "$q"
-  echo "KUBECKPT_KUBECTL=$KUBECTL"
+  if [ -n "$KUBECTL" ]; then
+    echo "KUBECKPT_KUBECTL=$KUBECTL"
+  fi
   env_line KUBECKPT_KUBELET "$n/kubelet" "$n"
   env_line KUBECKPT_KUBE_PROXY "$n/kube-proxy" "$n"
   env_line KUBECKPT_COREDNS "$c/coredns" "$c"
   env_line KUBECKPT_PROMETHEUS "$p/prometheus" "$p"
+  env_line KUBECKPT_SEAWEEDFS "$s/weed" "$s"
 }
 
 main() {
-  local purpose=all
+  local purpose=all only=""
   while [ $# -gt 0 ]; do
     case $1 in
       --for) purpose=${2:-}; shift 2 ;;
       --for=*) purpose=${1#--for=}; shift ;;
+      --only) only=${2:-}; shift 2 ;;
+      --only=*) only=${1#--only=}; shift ;;
       --print-env) shift ;;
-      *) die "unknown argument $1 (usage: build-binaries.sh [--for demo|demo-kueue|all])" ;;
+      *) die "unknown argument $1 (usage: build-binaries.sh [--for demo|demo-kueue|all] [--only STEP,...])" ;;
     esac
   done
-  local go_steps=("${LANE_GO_DEMO[@]}") apt_steps=("${LANE_APT_DEMO[@]}")
+  local k8s_steps=("${LANE_K8S[@]}") go_steps=("${LANE_GO_DEMO[@]}") apt_steps=("${LANE_APT_DEMO[@]}")
   case $purpose in
     demo) ;;
     demo-kueue) go_steps+=(kueue) ;;
-    all) go_steps+=("${LANE_GO_ALL[@]}"); apt_steps+=("${LANE_APT_ALL[@]}") ;;
+    all)
+      k8s_steps+=("${LANE_K8S_ALL[@]}")
+      go_steps+=("${LANE_GO_ALL[@]}")
+      apt_steps+=("${LANE_APT_ALL[@]}")
+      ;;
     *) die "--for takes demo, demo-kueue or all, not '$purpose'" ;;
   esac
+  if [ -n "$only" ]; then # one lane with just the named steps (a single optional build)
+    local s
+    IFS=, read -r -a k8s_steps <<<"$only"
+    for s in "${k8s_steps[@]}"; do
+      declare -F "build_$s" >/dev/null || declare -F "ensure_$s" >/dev/null ||
+        die "--only: no step named '$s'"
+    done
+    go_steps=() apt_steps=()
+    purpose="--only $only"
+  fi
   # One build at a time per cache (a test run and the demo may start together).
   exec 9>"$CACHE/.build.lock"
   if command -v flock >/dev/null 2>&1; then
@@ -489,16 +526,21 @@ main() {
   fi
   ensure_go
   local start=$SECONDS pids=() failed=0 pid
-  log "plan: k8s=$(plan_of "${LANE_K8S[@]}") go=$(plan_of "${go_steps[@]}") apt=$(plan_of "${apt_steps[@]}")"
-  lane "${LANE_K8S[@]}" & pids+=($!)
+  log "plan: k8s=$(plan_of "${k8s_steps[@]}") go=$(plan_of "${go_steps[@]}") apt=$(plan_of "${apt_steps[@]}")"
+  lane "${k8s_steps[@]}" & pids+=($!)
   lane "${go_steps[@]}" & pids+=($!)
   lane "${apt_steps[@]}" & pids+=($!)
   for pid in "${pids[@]}"; do
     wait "$pid" || failed=1
   done
   [ "$failed" = 0 ] || die "a build failed: the step marked FAILED above says which"
-  find_kubectl
-  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION-$PROMETHEUS_VERSION-$KUEUE_VERSION.env"
+  # --only builds no kubectl for the env file (the S3 tests need none): one found is named.
+  if [ -z "$only" ] || cached kubectl; then
+    find_kubectl
+  else
+    KUBECTL=""
+  fi
+  local envfile="$CACHE/binaries-$K8S_VERSION-$ETCD_VERSION-$KWOK_VERSION-$TRAINING_OPERATOR_VERSION-$COREDNS_VERSION-$JOBSET_VERSION-$TRAINER_VERSION-$PROMETHEUS_VERSION-$KUEUE_VERSION-$SEAWEEDFS_VERSION.env"
   write_env >"$envfile.tmp"
   mv "$envfile.tmp" "$envfile"
   log "binaries for $purpose ready in $((SECONDS - start)) s"

@@ -50,6 +50,7 @@ COLD = {
     "trainer": 90,
     "kueue": 300,
     "prometheus": 240,
+    "seaweedfs": 420,  # not measured quiet: 14 min of CPU, so about 7 min on two free cores
     "node_packages": 60,
     "test_packages": 10,
     "image_tools": 40,

@@ -12,6 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from localcluster import LocalCluster, MissingBinaries, ensure_binaries
+from localcluster.binaries import ensure_seaweedfs
+from localcluster.seaweedfs import SeaweedFS
+from tests.support.s3 import BUCKET
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +40,24 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """A real S3 server for the S3 tests: SeaweedFS (`weed server -s3`) on free loopback ports,
+    one access key, the bucket of tests/support/s3.py; stopped at session end. Built on first
+    use like the cluster's binaries (`build-binaries.sh --only seaweedfs`, a no-op if cached)."""
+    try:
+        weed = ensure_seaweedfs(build=os.environ.get("KUBECKPT_NO_BUILD") != "1")
+    except MissingBinaries as e:
+        pytest.fail(f"the S3 tests need SeaweedFS: {e}", pytrace=False)
+    server = SeaweedFS(weed, tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    try:
+        server.create_bucket(BUCKET)
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

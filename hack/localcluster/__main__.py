@@ -2,7 +2,8 @@
 
 up     run the cluster in the foreground until SIGINT/SIGTERM (with Kubeflow Trainer and JobSet
        when it has a real node; --trainer off|on|status, status = Trainer's TrainJobStatus gate on;
-       --kueue: with Kueue, PyTorchJob and TrainJob integrations and PriorityBoost on)
+       --kueue: with Kueue, PyTorchJob and TrainJob integrations and PriorityBoost on;
+       --s3: with SeaweedFS's S3 gateway on the real node's address, for s3:// storage)
 start  run it in the background and return once it is ready (state in .cluster/)
 stop   stop a cluster started with `start`
 """
@@ -26,7 +27,12 @@ STATE = REPO / ".cluster"
 
 
 def _up(
-    nodes: int, real_nodes: int | None, state: Path | None, trainer: str | None, kueue: bool
+    nodes: int,
+    real_nodes: int | None,
+    state: Path | None,
+    trainer: str | None,
+    kueue: bool,
+    s3: bool = False,
 ) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -44,6 +50,12 @@ def _up(
             cluster.start_trainer(status_gate=trainer == "status")
         if kueue:
             cluster.start_kueue()
+        if s3:
+            server = cluster.start_seaweedfs()
+            print(
+                f"S3 (SeaweedFS) at {server.endpoint} for pods; its access key and secret: "
+                f"{server.workdir / 's3.json'}"
+            )
         info = cluster.describe()
         if state is not None:
             state.mkdir(exist_ok=True)
@@ -65,7 +77,9 @@ def _up(
                 (state / f).unlink(missing_ok=True)
 
 
-def _start(nodes: int, real_nodes: int | None, trainer: str | None, kueue: bool) -> int:
+def _start(
+    nodes: int, real_nodes: int | None, trainer: str | None, kueue: bool, s3: bool = False
+) -> int:
     STATE.mkdir(exist_ok=True)
     info = STATE / "cluster.json"
     if info.exists():
@@ -86,6 +100,7 @@ def _start(nodes: int, real_nodes: int | None, trainer: str | None, kueue: bool)
             *(["--real-nodes", str(real_nodes)] if real_nodes is not None else []),
             *(["--trainer", trainer] if trainer is not None else []),
             *(["--kueue"] if kueue else []),
+            *(["--s3"] if s3 else []),
             "--state",
             str(STATE),
         ],
@@ -154,12 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         help="Kueue (built by hack/build-binaries.sh; needs root), with the PyTorchJob and "
         "TrainJob integrations and its PriorityBoost feature gate",
     )
+    ap.add_argument(
+        "--s3",
+        action="store_true",
+        help="SeaweedFS's S3 gateway (built by hack/build-binaries.sh; needs the real node), "
+        "reachable from pods at the node's address",
+    )
     ap.add_argument("--state", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.command == "up":
-        return _up(args.nodes, args.real_nodes, args.state, args.trainer, args.kueue)
+        return _up(args.nodes, args.real_nodes, args.state, args.trainer, args.kueue, args.s3)
     if args.command == "start":
-        return _start(args.nodes, args.real_nodes, args.trainer, args.kueue)
+        return _start(args.nodes, args.real_nodes, args.trainer, args.kueue, args.s3)
     return _stop()
 
 

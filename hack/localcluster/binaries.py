@@ -55,6 +55,8 @@ class Binaries:
     # Kueue (started on demand, localcluster/kueue.py).
     kueue: Path | None = None
     kueue_manifests: Path | None = None
+    # SeaweedFS's `weed`, the S3 server of the S3 tests and of the local cluster (seaweedfs.py).
+    seaweedfs: Path | None = None
 
     def _require(self, *names: str) -> list[Path]:
         paths = [getattr(self, n) for n in names]
@@ -87,13 +89,13 @@ class Binaries:
         binary, manifests = self._require("kueue", "kueue_manifests")
         return binary, manifests
 
+    def require_seaweedfs(self) -> Path:
+        """SeaweedFS's `weed`, or MissingBinaries."""
+        return self._require("seaweedfs")[0]
+
     @classmethod
     def from_env_file(cls, path: Path) -> Binaries:
-        values: dict[str, str] = {}
-        for line in path.read_text().splitlines():
-            if "=" in line and not line.startswith("#"):
-                k, v = line.split("=", 1)
-                values[k.strip()] = v.strip()
+        values = read_env_file(path)
         found = {}
         for field in fields(cls):
             key = "KUBECKPT_" + field.name.upper()
@@ -107,6 +109,54 @@ class Binaries:
                 raise MissingBinaries(f"{p} ({key}) is missing; rerun {BUILD_SCRIPT}")
             found[field.name] = p
         return cls(**found)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """The KEY=value lines of a binaries env file."""
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            k, v = line.split("=", 1)
+            values[k.strip()] = v.strip()
+    return values
+
+
+SEAWEEDFS_BUILD = f"bash {BUILD_SCRIPT} --only seaweedfs"
+
+
+def ensure_seaweedfs(*, build: bool = True) -> Path:
+    """SeaweedFS's `weed`, building it alone if needed (`build-binaries.sh --only seaweedfs`, a
+    no-op when cached): the S3 tests need it and nothing else of the cluster's binaries.
+
+    KUBECKPT_BINARIES_ENV, when set, is read instead, like `ensure_binaries` does.
+    """
+    how = f"build it with `{SEAWEEDFS_BUILD}` (about 6 min cold on 2 cores) or `make binaries`"
+    preset = os.environ.get("KUBECKPT_BINARIES_ENV")
+    if preset:
+        env = Path(preset)
+    elif not build:
+        raise MissingBinaries(f"SeaweedFS is not built: {how}")
+    else:
+        proc = subprocess.run(
+            ["bash", str(BUILD_SCRIPT), "--only", "seaweedfs"],
+            stdout=subprocess.PIPE,
+            stderr=None,
+            text=True,
+            check=False,
+        )
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            raise MissingBinaries(
+                f"building SeaweedFS failed (exit {proc.returncode}; its messages are above): "
+                f"{how}. It needs Go and the Go module proxy."
+            )
+        env = Path(lines[-1])
+    weed = read_env_file(env).get("KUBECKPT_SEAWEEDFS")
+    if not weed:
+        raise MissingBinaries(f"{env} names no KUBECKPT_SEAWEEDFS: {how}")
+    if not Path(weed).exists():
+        raise MissingBinaries(f"{weed} (KUBECKPT_SEAWEEDFS in {env}) is missing: {how}")
+    return Path(weed)
 
 
 def ensure_binaries(*, build: bool = True, purpose: str | None = None) -> Binaries:

@@ -36,6 +36,7 @@ from .kubeflow_trainer import TrainerStack
 from .kueue import KueueStack
 from .node import NODE_IP, REAL_NODE_TAINT, NodeUnavailable, RealNode, sweep_stale_real_node
 from .processes import ClusterError, Process, free_port, wait_ready
+from .seaweedfs import SeaweedFS
 from .waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,6 +136,7 @@ class LocalCluster:
         self.node: RealNode | None = None
         self.trainer = TrainerStack(self)
         self.kueue = KueueStack(self)
+        self.seaweedfs: SeaweedFS | None = None
         self.real_node_problem: str | None = None
         if self.real_nodes not in (0, 1):
             raise ValueError("one real node at most (they would share the host's containerd)")
@@ -232,8 +234,36 @@ class LocalCluster:
     def stop_kueue(self) -> None:
         self.kueue.stop()
 
+    def start_seaweedfs(self) -> SeaweedFS:
+        """SeaweedFS's S3 gateway (seaweedfs.py) as a host process that pods reach at the real
+        node's address (`.endpoint`; `.secret()` is a Secret for `storage.secretRef`), started on
+        first use, with the real node. Its S3 ports are guarded like Trainer's status server's:
+        only loopback and the node's bridge may connect."""
+        if self.seaweedfs is not None:
+            return self.seaweedfs
+        node = self.start_real_node()
+        assert self.binaries is not None and self.workdir is not None
+        server = SeaweedFS(
+            self.binaries.require_seaweedfs(),
+            self.workdir / "seaweedfs",
+            s3_bind="0.0.0.0",
+            host=NODE_IP,
+        )
+        server.reserve_ports()
+        for name in ("s3", "s3_grpc"):
+            node.guard_host_port(server.ports[name])
+        server.start()
+        self.seaweedfs = server
+        return server
+
+    def stop_seaweedfs(self) -> None:
+        if self.seaweedfs is not None:
+            self.seaweedfs.stop()
+            self.seaweedfs = None
+
     def stop(self) -> None:
         try:
+            self.stop_seaweedfs()
             if self.node is not None:
                 self.node.stop()
                 self.node = None
@@ -253,6 +283,8 @@ class LocalCluster:
             "pids": {n: p.popen.pid for n, p in self.procs.items() if p.popen},
             "timings": {k: round(v, 2) for k, v in self.timings.items()},
             "real_nodes": [self.node.name] if self.node is not None else [],
+            # Its access key and secret are in <workdir>/seaweedfs/s3.json (readable by root only).
+            "s3_endpoint": self.seaweedfs.endpoint if self.seaweedfs is not None else None,
         }
 
     # --- helpers ---

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import BUCKET, STEPS, finish, start, torchrun_argv
+from harness import STEPS, finish, start, torchrun_argv
 from train_job import train
 
-from localcluster import free_port
+from localcluster.seaweedfs import SeaweedFS
+from tests.support.s3 import BUCKET
 
 
 def _no_checkpoints(root: Path) -> dict[str, str]:
@@ -39,36 +40,16 @@ def single_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "status"
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    try:
-        from moto.server import ThreadedMotoServer
-    except ImportError as e:
-        pytest.fail(f"needs moto's server mode: pip install 'moto[server]' ({e})", pytrace=False)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, dict]]:
-    """An s3fs filesystem on the local server, a fresh bucket, and the variables that reach it."""
-    aws = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": s3_endpoint,
-    }
+def s3(seaweedfs: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[object, dict]]:
+    """An s3fs filesystem on the session's SeaweedFS (tests/conftest.py), its bucket emptied, and
+    the variables that reach it."""
+    aws = seaweedfs.aws_env()
     for key, value in aws.items():
         monkeypatch.setenv(key, value)
     from trainer_runtime.storage import _s3_filesystem
 
     fs = _s3_filesystem()
-    if fs.exists(BUCKET):
-        fs.rm(BUCKET, recursive=True)
-    fs.mkdir(BUCKET)
+    if keys := fs.find(BUCKET):
+        fs.rm(keys)
     yield fs, aws

@@ -16,7 +16,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("train_job.py")
-BUCKET = "kubeckpt-test"  # the S3 tests' bucket on the local moto server
 STEPS = 40
 
 

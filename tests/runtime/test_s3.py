@@ -1,4 +1,4 @@
-"""Group 5: s3:// checkpoints against a local S3 server (moto in server mode, loopback only).
+"""Group 5: s3:// checkpoints against a real S3 server (SeaweedFS's S3 gateway, loopback only).
 Uploads go from a local staging copy; a checkpoint counts only once its manifest is uploaded
 (last) and the sentinel deleted; resume downloads, verifies and loads it, single process and
 2-rank DCP alike. A bucket that cannot be written makes saves fail visibly, never count."""
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 from harness import (
-    BUCKET,
     STEPS,
     assert_same_files,
     ckpt_env,
@@ -26,6 +25,7 @@ from harness import (
 )
 from train_job import train
 
+from tests.support.s3 import BUCKET
 from trainer_runtime.contract import INCOMPLETE_SENTINEL, MANIFEST_FILE, Manifest
 
 

@@ -1,7 +1,7 @@
 """Reading the binaries env file: what the demo starts is required; the rest (KWOK, Trainer and
-JobSet, Prometheus, Kueue) is optional, so that `build-binaries.sh --for demo` and an env file
-written before Kueue was pinned still serve what does not start them, and asked for where it
-starts."""
+JobSet, Prometheus, Kueue, SeaweedFS) is optional, so that `build-binaries.sh --for demo` and an
+env file written before Kueue was pinned still serve what does not start them, and asked for where
+it starts."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from localcluster.binaries import Binaries, MissingBinaries
+from localcluster.binaries import Binaries, MissingBinaries, ensure_seaweedfs
 
 OPTIONAL = ["JOBSET", "JOBSET_MANIFESTS", "TRAINER", "TRAINER_MANIFESTS", "PROMETHEUS"]
-OPTIONAL += ["KUEUE", "KUEUE_MANIFESTS", "KWOK", "KWOK_CRDS", "KWOK_STAGES"]
+OPTIONAL += ["KUEUE", "KUEUE_MANIFESTS", "KWOK", "KWOK_CRDS", "KWOK_STAGES", "SEAWEEDFS"]
 REQUIRED = [f.upper() for f in Binaries.__dataclass_fields__ if f.upper() not in OPTIONAL]
 
 
@@ -39,6 +39,28 @@ def test_an_env_file_without_kueue_still_reads(tmp_path: Path) -> None:
 def test_kueue_is_read_when_named(tmp_path: Path) -> None:
     binaries = Binaries.from_env_file(_env(tmp_path, [*REQUIRED, "KUEUE", "KUEUE_MANIFESTS"]))
     assert binaries.require_kueue() == (tmp_path / "kueue", tmp_path / "kueue_manifests")
+
+
+def test_seaweedfs_is_optional_and_read_when_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    without = _env(tmp_path, REQUIRED)
+    with pytest.raises(MissingBinaries, match="KUBECKPT_SEAWEEDFS"):
+        Binaries.from_env_file(without).require_seaweedfs()
+    # The S3 tests read only SeaweedFS's line, and say how to build it alone when it is absent.
+    monkeypatch.setenv("KUBECKPT_BINARIES_ENV", str(without))
+    with pytest.raises(MissingBinaries, match=r"build-binaries\.sh --only seaweedfs"):
+        ensure_seaweedfs()
+    (tmp_path / "only").mkdir()
+    only = _env(tmp_path / "only", ["SEAWEEDFS"])  # what `--only seaweedfs` writes on a new machine
+    monkeypatch.setenv("KUBECKPT_BINARIES_ENV", str(only))
+    assert ensure_seaweedfs() == tmp_path / "only" / "seaweedfs"
+    (tmp_path / "only" / "seaweedfs").unlink()
+    with pytest.raises(MissingBinaries, match="is missing"):
+        ensure_seaweedfs()
+    monkeypatch.delenv("KUBECKPT_BINARIES_ENV")
+    with pytest.raises(MissingBinaries, match="not built"):
+        ensure_seaweedfs(build=False)
 
 
 def test_a_named_binary_that_is_missing_is_refused(tmp_path: Path) -> None:

@@ -262,7 +262,7 @@ def test_the_manifest_keys_are_checked(tmp_path: Path) -> None:
 
 
 def test_the_same_on_s3(job, s3_root, tmp_path: Path) -> None:
-    """s3:// (a moto server): the issue's scenario, resume from the newest across generations,
+    """s3:// (SeaweedFS): the issue's scenario, resume from the newest across generations,
     and the listing of both generations."""
     from trainer_runtime import listing
 
