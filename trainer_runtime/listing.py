@@ -354,6 +354,11 @@ def list_s3_tier(uri: str, tier: str) -> tuple[list[dict[str, Any]], dict]:
         info = _entry(tier, name, step, location, generation)
         try:
             objects = fs.find(f"{prefix}/{name}", detail=True)
+            if not objects:
+                # S3 has no directories: a prefix that holds no object is no checkpoint. Stores
+                # that keep a real directory tree (SeaweedFS) still list the prefix of one that
+                # retention deleted.
+                continue
             rel = {k[len(prefix) + len(name) + 2 :]: v for k, v in list(objects.items())}
             data = rel.get(MANIFEST_FILE)
             if data is not None and int(data.get("size") or 0) <= MAX_MANIFEST_BYTES:
