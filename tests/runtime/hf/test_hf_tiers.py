@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 
 import torch
-from harness import BUCKET
 from kubeckpt_env import kubeckpt_env
 from test_callback import _args, _params, _trainer
 from test_callback import reference as reference  # the module-scoped fixture
 from tiny_hf import TokenDataset, tiny_gpt2
 from transformers import Trainer, TrainerCallback
 
+from tests.support.s3 import BUCKET
 from trainer_runtime import layout
 from trainer_runtime.config import Config
 from trainer_runtime.contract import Manifest

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import BUCKET, finish, kill_session, start, tail_of
+from harness import finish, kill_session, start, tail_of
 
+from tests.support.s3 import BUCKET
 from trainer_runtime import layout
 from trainer_runtime.contract import INCOMPLETE_SENTINEL, MANIFEST_FILE, Manifest, read_manifest
 from trainer_runtime.fsutil import remove_tree
