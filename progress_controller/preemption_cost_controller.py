@@ -76,7 +76,12 @@ class PreemptionCostController:
             progress.tps, self._progress_to_workloads, update_predicate=_status_changed
         )
         progress.workloads.on_informer(self._found)
-        self.stats = {"writes": 0, "foreign": 0, "conflicts": 0}
+        self.stats = {"writes": 0, "foreign": 0, "conflicts": 0, "unseen": 0}
+        # Per Workload: the value last written and the resourceVersion it was written over.
+        # Until the cache shows a newer version, a reconcile (a TrainingProgress update) still
+        # sees the old value and would write the same one again; on a loaded API server the
+        # watch can lag a write by seconds.
+        self._written: dict[str, tuple[str, str | None]] = {}
 
     def _found(self, informer: Informer, api: Any) -> None:
         self.api, self.workloads = api, informer
@@ -92,6 +97,7 @@ class PreemptionCostController:
     async def reconcile(self, req: Request) -> Result | None:
         workload = self.workloads.store.get(req.key) if self.workloads else None
         if workload is None:
+            self._written.pop(req.key, None)
             return None
         owner = workload_job(workload)
         if owner is None:
@@ -124,6 +130,10 @@ class PreemptionCostController:
             return Result(requeue_after=min(decision.after, RECHECK_SECONDS))
         if not decision.write or decision.value is None:
             return recheck
+        version = (workload.get("metadata") or {}).get("resourceVersion")
+        if self._written.get(req.key) == (decision.value, version):
+            self.stats["unseen"] += 1  # written already; the watch has not brought it back yet
+            return recheck
         try:
             await apply(
                 self.api,
@@ -132,6 +142,7 @@ class PreemptionCostController:
                 force=decision.force,  # only over Kueue's status echo (workload_boost)
             )
         except NotFound:
+            self._written.pop(req.key, None)
             return None
         except Conflict as e:
             # Another manager took the annotation after our cache saw it: theirs.
@@ -139,6 +150,7 @@ class PreemptionCostController:
             log.info("%s: priority boost not written: %s", req.key, e.field_conflicts or e)
             return None
         self.stats["writes"] += 1
+        self._written[req.key] = (decision.value, version)
         log.debug(
             "%s/%s: priority boost %s", namespace_of(workload), name_of(workload), decision.value
         )

@@ -402,6 +402,23 @@ class _Shell:
         return asyncio.run(self.ctrl.reconcile(self.request))
 
 
+def test_a_write_the_cache_has_not_seen_yet_is_not_repeated():
+    """A TrainingProgress update can reconcile the Workload before the watch brings back the
+    boost just written: the cache still holds the old value, and writing it again would be churn
+    (seen on a loaded API server). Once the cache holds a newer version, decide() rules again."""
+    wl = workload()
+    wl["metadata"]["resourceVersion"] = "10"
+    shell = _Shell(wl, _tp(RUNNING))
+    shell.run()
+    shell.run()
+    assert len(shell.applied) == 1 and shell.ctrl.stats["unseen"] == 1
+    newer = copy.deepcopy(wl)
+    newer["metadata"]["resourceVersion"] = "11"  # a version without our value (someone reset it)
+    shell.ctrl.workloads.store.put(trim_workload(newer))
+    shell.run()
+    assert len(shell.applied) == 2
+
+
 def test_the_shell_applies_the_annotation_alone_never_forced():
     shell = _Shell(workload(), _tp(RUNNING))
     result = shell.run()
