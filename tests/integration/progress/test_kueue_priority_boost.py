@@ -162,6 +162,9 @@ async def test_the_controller_keeps_an_admitted_jobs_boost_current(
         assert int(high) > 0
         assert set(annotation_managers(wl)) == {FIELD_MANAGER}
         # Before it: at most the neutral 0 while the shared Workload informer saw the job Pending.
+        # The write shows on the server before the controller's coroutine counts it (the test
+        # polls in the same event loop): wait for the count.
+        await eventually(lambda: cost.stats["writes"] >= 1, "the high write counted", within=10)
         before = cost.stats["writes"]
         assert before <= 2, cost.stats
         # A new checkpoint at step 500: 10 steps and the save at risk, written at once.
