@@ -317,19 +317,14 @@ def show(
     `verify`, the verification's table; the exit code: EXIT_VERIFY_FAILED when a checkpoint
     failed it."""
     code = EXIT_VERIFY_FAILED if verify and failed_verification(doc) else 0
-    if fmt == "table" and verify:
-        rows = verify_rows(doc)
-        if rows:
-            print(table(VERIFY_HEADERS, rows), file=out)
-        else:
-            print(f"No checkpoints yet (listed in {where}).", file=out)
-        for note in checkpoint_notes(doc):
-            print(note, file=out)
-        return code
     if fmt == "table":
-        rows = checkpoint_rows(doc)
+        headers, rows = (
+            (VERIFY_HEADERS, verify_rows(doc))
+            if verify
+            else (CHECKPOINT_HEADERS, checkpoint_rows(doc))
+        )
         if rows:
-            print(table(CHECKPOINT_HEADERS, rows), file=out)
+            print(table(headers, rows), file=out)
         else:
             print(f"No checkpoints yet (listed in {where}).", file=out)
         for note in checkpoint_notes(doc):

@@ -21,13 +21,12 @@ import base64
 import hashlib
 import json
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Final
 
 from reconciler.clock import REAL_CLOCK, Clock
 from reconciler.errors import KubeError
-from reconciler.metrics_auth import TOKEN_REVIEWS
+from reconciler.metrics_auth import TOKEN_REVIEWS, ExpiringCache
 from reconciler.ratelimit import TokenBucket
 
 PUSH_AUDIENCE: Final = "kubeckpt-progress"
@@ -119,8 +118,8 @@ class PushAuth:
         self._owns_client = owns_client
         self._budget = TokenBucket(rate, burst, clock)
         # Kept apart, so that a flood of bad tokens cannot push out the good ones.
-        self._valid: OrderedDict[str, tuple[float, Answer]] = OrderedDict()
-        self._refused: OrderedDict[str, tuple[float, Answer]] = OrderedDict()
+        self._valid: ExpiringCache[str, Answer] = ExpiringCache(max_entries)
+        self._refused: ExpiringCache[str, Answer] = ExpiringCache(max_entries)
         self._pending: dict[str, asyncio.Task[Answer]] = {}
         self.stats = {"reviews": 0, "cached": 0, "joined": 0, "over_budget": 0}
 
@@ -143,23 +142,11 @@ class PushAuth:
             await self.client.close()
 
     def _cached(self, key: str, now: float) -> Answer | None:
-        for cache in (self._valid, self._refused):
-            hit = cache.get(key)
-            if hit is None:
-                continue
-            if hit[0] <= now:
-                del cache[key]
-                continue
-            cache.move_to_end(key)
-            return hit[1]
-        return None
+        return self._valid.get(key, now) or self._refused.get(key, now)
 
     def _put(self, key: str, answer: Answer, until: float) -> None:
         cache = self._valid if isinstance(answer, PodIdentity) else self._refused
-        cache[key] = (until, answer)
-        cache.move_to_end(key)
-        while len(cache) > self.max_entries:
-            cache.popitem(last=False)
+        cache.put(key, answer, until)
 
     async def check(self, authorization: str) -> Answer:
         """The pod the request's `Authorization: Bearer` token is bound to, or a Refusal."""

@@ -32,7 +32,7 @@ import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from aiohttp import web
 
@@ -47,16 +47,19 @@ ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _Key = tuple[str, str, str]
 _Answer = tuple[int, str]
+K = TypeVar("K")
+V = TypeVar("V")
 
 
-class _Cache:
-    """Answers by key until they expire; at most `size`, the least recently used out first."""
+class ExpiringCache(Generic[K, V]):
+    """Answers by key until they expire; at most `size`, the least recently used out first.
+    (The metrics endpoint's reviews and the progress push endpoint's share it.)"""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[_Key, tuple[float, _Answer]] = OrderedDict()
+        self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
 
-    def get(self, key: _Key, now: float) -> _Answer | None:
+    def get(self, key: K, now: float) -> V | None:
         hit = self._items.get(key)
         if hit is None:
             return None
@@ -66,7 +69,7 @@ class _Cache:
         self._items.move_to_end(key)
         return hit[1]
 
-    def put(self, key: _Key, answer: _Answer, until: float) -> None:
+    def put(self, key: K, answer: V, until: float) -> None:
         self._items[key] = (until, answer)
         self._items.move_to_end(key)
         while len(self._items) > self.size:
@@ -103,8 +106,8 @@ class MetricsAuth:
         self.review_timeout = review_timeout
         self._clock = clock
         self._owns_client = owns_client
-        self._allowed = _Cache(max_entries)
-        self._refused = _Cache(max_entries)
+        self._allowed: ExpiringCache[_Key, _Answer] = ExpiringCache(max_entries)
+        self._refused: ExpiringCache[_Key, _Answer] = ExpiringCache(max_entries)
         self._budget = TokenBucket(rate, burst, clock)
         self._pending: dict[_Key, asyncio.Task[_Answer]] = {}
         self.stats = {"reviews": 0, "cached": 0, "joined": 0, "over_budget": 0}

@@ -137,20 +137,12 @@ def ensure_seaweedfs(*, build: bool = True) -> Path:
     elif not build:
         raise MissingBinaries(f"SeaweedFS is not built: {how}")
     else:
-        proc = subprocess.run(
-            ["bash", str(BUILD_SCRIPT), "--only", "seaweedfs"],
-            stdout=subprocess.PIPE,
-            stderr=None,
-            text=True,
-            check=False,
+        env = _build(
+            "--only",
+            "seaweedfs",
+            failure=f"building SeaweedFS failed (exit {{rc}}; its messages are above): {how}. "
+            "It needs Go and the Go module proxy.",
         )
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise MissingBinaries(
-                f"building SeaweedFS failed (exit {proc.returncode}; its messages are above): "
-                f"{how}. It needs Go and the Go module proxy."
-            )
-        env = Path(lines[-1])
     weed = read_env_file(env).get("KUBECKPT_SEAWEEDFS")
     if not weed:
         raise MissingBinaries(f"{env} names no KUBECKPT_SEAWEEDFS: {how}")
@@ -172,8 +164,20 @@ def ensure_binaries(*, build: bool = True, purpose: str | None = None) -> Binari
     if not build:
         raise MissingBinaries(f"control-plane binaries not built: run {BUILD_SCRIPT}")
     purpose = purpose or os.environ.get("KUBECKPT_BUILD_FOR") or "all"
+    env = _build(
+        "--for",
+        purpose,
+        failure=f"{BUILD_SCRIPT} failed (exit {{rc}}); its messages above say what is missing. "
+        "It needs Go >= 1.24 (or curl and unzip to fetch it) and the Go module proxy.",
+    )
+    return Binaries.from_env_file(env)
+
+
+def _build(*args: str, failure: str) -> Path:
+    """Run build-binaries.sh with `args` (its log on our stderr) and return the env file it
+    names last, or raise MissingBinaries with `failure` ({rc}: its exit status)."""
     proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--for", purpose],
+        ["bash", str(BUILD_SCRIPT), *args],
         stdout=subprocess.PIPE,
         stderr=None,
         text=True,
@@ -181,8 +185,5 @@ def ensure_binaries(*, build: bool = True, purpose: str | None = None) -> Binari
     )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        raise MissingBinaries(
-            f"{BUILD_SCRIPT} failed (exit {proc.returncode}); its messages above say what is "
-            "missing. It needs Go >= 1.24 (or curl and unzip to fetch it) and the Go module proxy."
-        )
-    return Binaries.from_env_file(Path(lines[-1]))
+        raise MissingBinaries(failure.replace("{rc}", str(proc.returncode)))
+    return Path(lines[-1])
