@@ -31,6 +31,9 @@ unforced apply of a new value is a 409 against `kueue-admission` (seen on the fi
 job whose boost we had written). Such an entry is not a writer: it is left out of the rule above,
 and a write over it is forced (`Decision.force`), which takes only that echo's share of the one
 annotation. A writer on the main resource (an admin's patch, another controller) still stops us.
+The echo is forced too, so an echo from a cache behind ours (Kueue just restarted) takes our
+entry's share while the server keeps our value: then nobody but the echo owns a right value, and
+it is left so (no write), until the value must change.
 """
 
 from __future__ import annotations

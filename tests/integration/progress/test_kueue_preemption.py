@@ -126,6 +126,28 @@ async def _workload(client: Client, ns: str, job: str) -> dict | None:
     return None
 
 
+def _boost_owners(wl: dict | None) -> dict:
+    """The Workload's boost and the managedFields entries that touch its annotations, for a
+    failure message."""
+    md = (wl or {}).get("metadata") or {}
+    entries = [
+        {k: e.get(k) for k in ("manager", "operation", "subresource", "time")}
+        | {
+            "annotations": sorted(
+                ((e.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:annotations") or {}
+            )
+        }
+        for e in md.get("managedFields") or []
+        if ((e.get("fieldsV1") or {}).get("f:metadata") or {}).get("f:annotations")
+    ]
+    return {
+        "boost": (md.get("annotations") or {}).get(PRIORITY_BOOST_ANNOTATION),
+        "resourceVersion": md.get("resourceVersion"),
+        "uid": md.get("uid"),
+        "entries": entries,
+    }
+
+
 def _condition(wl: dict | None, type_: str) -> dict:
     conds = ((wl or {}).get("status") or {}).get("conditions") or []
     return next((c for c in conds if c["type"] == type_), {})
@@ -240,16 +262,26 @@ async def test_a_kueue_restart_in_the_middle_of_an_eviction(
         kueue.kueue.restart()
         await eventually(lambda: _evicted_for_high(client, ns), "evicted by Kueue", 90)
 
-        # Suspended: the neutral boost, still ours alone. Kueue's eviction echoed the annotation
-        # in its status write (a co-owner that cannot change it): written over, forced.
-        async def ours_at_zero() -> dict | None:
-            wl = await boost("0")
-            return wl if wl and set(annotation_managers(wl)) == {FIELD_MANAGER} else None
+        # Suspended: the neutral boost, and no writer but us. Kueue's eviction echoed the
+        # annotation in its status write (a co-owner that cannot change it): written over, forced.
+        # "Ours alone" is not asserted at 0: a status write that Kueue (restarted, its cache
+        # behind) forces with the old value takes the annotation's ownership from our entry while
+        # the API server keeps our value (a status write cannot change metadata; seen in CI, and
+        # shown with a bare CRD). The value is right, so the writer has no reason to write again.
+        seen: list[dict | None] = [None]
 
-        # Waited for as one state: once, on a loaded machine, the first look after Kueue's
-        # restart found the value 0 with no apply entry owning it (cause not established); what
-        # the test asserts is the state the writer settles in.
-        await eventually(ours_at_zero, "the boost to fall to 0, ours alone", 60)
+        async def zero_no_other_writer() -> dict | None:
+            seen[0] = wl = await _workload(client, ns, "low")
+            annotations = (wl or {}).get("metadata", {}).get("annotations") or {}
+            if annotations.get(PRIORITY_BOOST_ANNOTATION) != "0":
+                return None
+            return wl if wl and set(annotation_managers(wl)) <= {FIELD_MANAGER} else None
+
+        try:
+            await eventually(zero_no_other_writer, "the boost to fall to 0, no writer but us", 60)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; last seen: {_boost_owners(seen[0])}; {cost.stats}") from e
+        assert cost.stats["writes"] >= 2, cost.stats  # the running boost, then 0: both ours
         # The high job runs, then ends; Kueue readmits the low one, whose new master resumes.
         await eventually(
             lambda: _state(client, ns, "high", "Training", step=1), "the high job to run", 90
@@ -270,10 +302,11 @@ async def test_a_kueue_restart_in_the_middle_of_an_eviction(
             lambda: _state(client, ns, "low", "Training", step=300), "low to train again", 90
         )
         assert cond({"status": st}, "Progressing")["reason"] == "Resumed", st
-        # The boost is current again (200 steps of 2 s and the save at risk), ours alone.
+        # The boost is current again (200 steps of 2 s and the save at risk), written by us over
+        # Kueue's echo (a later stale echo can take the entry's ownership, as above).
         current = str(boost_for_cost(200 * 2 + 20))
         wl = await eventually(lambda: boost(current), f"the boost {current}", 90)
-        assert set(annotation_managers(wl)) == {FIELD_MANAGER}
+        assert set(annotation_managers(wl)) <= {FIELD_MANAGER}, _boost_owners(wl)
         assert cost.stats["foreign"] == 0 and cost.stats["conflicts"] == 0
         # One eviction, one Event, on the job and on its TrainingProgress: neither Kueue's
         # restart nor the readmission sent it again.

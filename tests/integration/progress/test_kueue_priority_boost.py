@@ -160,7 +160,9 @@ async def test_the_controller_keeps_an_admitted_jobs_boost_current(
         high = str(boost_for_cost(400 * 2 + 20))
         wl = await eventually(lambda: boost_is(high), f"the boost {high}", within=90)
         assert int(high) > 0
-        assert set(annotation_managers(wl)) == {FIELD_MANAGER}
+        # No writer but us (a Kueue status write from a cache behind ours can take our entry's
+        # ownership of the value we wrote: test_kueue_preemption.py).
+        assert set(annotation_managers(wl)) <= {FIELD_MANAGER}
         # Before it: at most the neutral 0 while the shared Workload informer saw the job Pending.
         # The write shows on the server before the controller's coroutine counts it (the test
         # polls in the same event loop): wait for the count.

@@ -173,6 +173,19 @@ def test_kueues_status_echo_is_not_a_writer_and_is_forced_over():
     assert decide(workload("36", [echo, admin]), 0, now=NOW).action == "foreign"
 
 
+def test_a_stale_echo_that_took_our_value_is_not_written_over_again():
+    """A status write that Kueue forces from a cache behind ours (after its restart) takes our
+    entry's ownership of the annotation while the API server keeps our value (a status write
+    cannot change metadata; test_kueue_preemption.py). The value is right: nothing to write.
+    The next change is written, forced, and at once (our entry has no time to rate-limit by)."""
+    ours_emptied = {k: v for k, v in _entry(FIELD_MANAGER).items() if k != "fieldsV1"}
+    wl = workload("0", [_entry("kueue-admission", subresource="status")])
+    wl["metadata"]["managedFields"].append(ours_emptied)
+    assert annotation_managers(wl) == {}
+    assert decide(wl, 0, now=NOW).action == "unchanged"
+    assert decide(wl, 40, now=NOW) == Decision("write", "40", force=True)
+
+
 def test_written_when_nobody_owns_the_annotation():
     assert decide(workload(), 40, now=NOW).action == "write"
     assert decide(workload(), 40, now=NOW).value == "40"
