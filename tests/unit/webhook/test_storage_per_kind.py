@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kubeckpt_api.jobkinds import JOB_KINDS, PYTORCHJOB, TRAINJOB
+from kubeckpt_api.storage import AWS_SECRET_KEYS
 from tests.support.operator_pods import operator_pod
 from webhook.mutation import mutate
 
@@ -74,3 +75,33 @@ def test_same_name_pytorchjob_and_trainjob_pods_get_separate_storage(
         assert subpaths == ["runs/team-a/llama", "runs/team-a/_trainjob/llama"]
         assert [m["mountPath"] for m in mounts] == [pytorchjob, trainjob]
         assert not nested_or_equal(*subpaths)
+
+
+@pytest.mark.parametrize(("kind", "target"), [("PyTorchJob", "pytorch"), ("TrainJob", "node")])
+def test_s3_credentials_reach_each_kinds_training_container_as_references(
+    kind: str, target: str
+) -> None:
+    """A TrainJob's pods get the S3 endpoint and credentials as a PyTorchJob's do: references to
+    the policy's Secret, in the kind's training container (`node`, after a sidecar here), none
+    in the other containers, no volume; a key the user set in the trainer's env stays theirs."""
+    pod = operator_pod(kind, "llama", "team-a")
+    train = pod["spec"]["containers"][0]
+    train["env"] = [{"name": "AWS_REGION", "value": "eu-west-1"}]
+    pod["spec"]["containers"].insert(0, {"name": "sidecar", "image": "proxy:1"})
+    pol = policy("s3://bucket/p")
+    pol["spec"]["storage"]["secretRef"] = {"name": "s3-creds"}
+    r = mutate(pod, pol, NS)
+    assert r.injected
+    sidecar, node = r.pod["spec"]["containers"]
+    assert node["name"] == target and "env" not in sidecar
+    env_ = {e["name"]: e for e in node["env"]}
+    dir_ = "team-a/llama" if kind == "PyTorchJob" else "team-a/_trainjob/llama"
+    assert env_["CHECKPOINT_URI"]["value"] == f"s3://bucket/p/{dir_}"
+    assert env_["AWS_REGION"] == {"name": "AWS_REGION", "value": "eu-west-1"}
+    for key in set(AWS_SECRET_KEYS) - {"AWS_REGION"}:
+        assert env_[key] == {
+            "name": key,
+            "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": key, "optional": True}},
+        }
+    assert "env/AWS_REGION" in r.skipped
+    assert not any("persistentVolumeClaim" in v for v in r.pod["spec"].get("volumes") or [])
