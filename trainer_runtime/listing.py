@@ -143,10 +143,14 @@ def _entry(tier: str, name: str, step: int, location: str, generation: int = 0) 
 
 
 def _manifest_info(manifest: Manifest, tier: str) -> dict[str, Any]:
-    """What an entry takes from the checkpoint's manifest (both kinds of tier)."""
+    """What an entry takes from the checkpoint's manifest (both kinds of tier: an s3:// one's
+    reason was once left out, and the CLI then showed the TrainingProgress's in its place)."""
     info: dict[str, Any] = {"sequence": manifest.sequence}
     if tier == "local" and manifest.generation is not None:
         info["generation"] = manifest.generation  # the ramdisk has none: its run's
+    reason = manifest.extra.get(MANIFEST_REASON)
+    if isinstance(reason, str) and reason:
+        info["reason"] = _text(reason)
     return info | {
         "time": manifest.time,
         "epoch": manifest.epoch,
@@ -196,9 +200,6 @@ def describe_checkpoint(
         info.update(_manifest_info(manifest, tier))
         if manifest.tier != tier:
             problems.append(_text(f"manifest says tier {manifest.tier}"))
-        reason = manifest.extra.get(MANIFEST_REASON)
-        if isinstance(reason, str) and reason:
-            info["reason"] = _text(reason)
     else:
         files, size, capped = _walk_size(path)
         info.update(files=files, bytes=size)

@@ -322,11 +322,15 @@ def test_s3_tier(s3_root, tmp_path: Path) -> None:
         (d / "model.pt").write_bytes(b"s" * 50)
         tier.publish(step, ["model.pt"])
         if step == 5:
-            m = build_manifest(d, step=step, epoch=0, world_size=1, framework="t", tier=tier.name)
+            m = build_manifest(
+                d, step=step, epoch=0, world_size=1, framework="t", tier=tier.name,
+                extra={"reason": "jit"},
+            )  # fmt: skip
             tier.commit(step, m)
     doc = listing.listing(uri, None)
     cs = by_name(doc, "persistent")
     assert cs["checkpoint-5"]["state"] == "complete" and cs["checkpoint-5"]["bytes"] == 50
+    assert cs["checkpoint-5"]["reason"] == "jit"  # from the manifest, as in a directory tier
     assert cs["checkpoint-5"]["location"] == f"{uri}/checkpoint-5"
     assert cs["checkpoint-6"]["state"] == "incomplete" and cs["checkpoint-6"]["files"] == 1
     assert INCOMPLETE_SENTINEL not in json.dumps(cs["checkpoint-6"]["problems"])
