@@ -101,8 +101,8 @@ def _prepare(cluster: LocalCluster, ns: str, server: SeaweedFS) -> None:
             "progress": {"updateEverySteps": 5},
         },
     }
-    secret = dict(server.secret(SECRET), metadata={"name": SECRET, "namespace": ns})
-    cluster.apply([secret, policy])
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(server.secret(SECRET)))
+    cluster.apply(policy)
 
 
 def test_trainjob_on_s3_drained_and_resumed_exactly(
