@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from kubeckpt_api.jobkinds import JobIdentity
+from kubeckpt_api.optin import PUSH_CA_ANNOTATION
 from trainer_runtime.contract import RUN_DIR
 from trainer_runtime.contract.env import (
     KUBECKPT_PROGRESS_PUSH_CA,
@@ -34,7 +35,6 @@ PUSH_SERVICE_URL: Final = "https://kubeckpt-progress.kubeckpt-system.svc"
 PUSH_VOLUME: Final = "kubeckpt-progress-push"
 PUSH_DIR: Final = f"{RUN_DIR}-push"
 CA_CONFIGMAP: Final = "kubeckpt-progress-ca"
-PUSH_CA_ANNOTATION: Final = "kubeckpt.io/progress-push-ca"
 TOKEN_SECONDS: Final = 600  # the least the API server allows; the kubelet renews at 80%
 
 
