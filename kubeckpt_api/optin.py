@@ -15,6 +15,9 @@ ANNOTATION_PREFIX = "kubeckpt.io/"
 INJECT_LABEL = "kubeckpt.io/inject"
 INJECTED_LABEL = "kubeckpt.io/injected"
 STATUS_ANNOTATION = "kubeckpt.io/status"
+# The progress push endpoint's CA, which the webhook stamps on push pods for them to read
+# (webhook/push_injection.py); nothing else reads it.
+PUSH_CA_ANNOTATION = "kubeckpt.io/progress-push-ca"
 NAMESPACE_OPT_IN = "enabled"
 
 

@@ -159,7 +159,7 @@ def _parse(obj: Mapping[str, Any]) -> Policy:
 # --- per-job overrides ---
 
 # Annotations of ours that are not overrides (markers, status, opt-in).
-RESERVED = {"status", "inject", "injected", "policy"}
+RESERVED = {"status", "inject", "injected", "policy", "progress-push-ca"}
 
 
 def _shown_key(key: str) -> str:

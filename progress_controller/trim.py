@@ -3,7 +3,8 @@
 Pods are most of the memory (thousands of them, each with its env, annotations and
 managedFields), and the controller reads few of their fields: the metadata (labels, owners,
 deletion, uid, resourceVersion, creation time) without managedFields, only kubeckpt's annotations
-(`kubeckpt.io/...`: the webhook's status, the last-checkpoint annotations), each container's name
+(`kubeckpt.io/...`: the webhook's status, the last-checkpoint annotations; not the push CA, a
+certificate per push pod that only the pod reads), each container's name
 and the env variables of the contract (trainer_runtime/contract/env.py: the progress path and
 update frequency among them) and Trainer's status-server URL (`trainjob.py`), the phase and the
 container statuses (name, state, restart count). Every other object keeps all
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeckpt_api.optin import ANNOTATION_PREFIX
+from kubeckpt_api.optin import ANNOTATION_PREFIX, PUSH_CA_ANNOTATION
 from reconciler.objects import KubeObject
 from reconciler.transform import strip_bookkeeping
 from trainer_runtime.contract.env import ALL_ENV_VARS, KUBECKPT_PROGRESS_PUSH_URL
@@ -57,7 +58,11 @@ def trim_pod(pod: KubeObject) -> KubeObject:
     md.pop("managedFields", None)
     annotations = md.get("annotations")
     if isinstance(annotations, dict):
-        ours = {k: v for k, v in annotations.items() if k.startswith(ANNOTATION_PREFIX)}
+        ours = {
+            k: v
+            for k, v in annotations.items()
+            if k.startswith(ANNOTATION_PREFIX) and k != PUSH_CA_ANNOTATION
+        }
         if ours:
             md["annotations"] = ours
         else:

@@ -5,7 +5,8 @@
                      [--service kubeckpt-webhook] [--namespace kubeckpt-system]
                      [--webhook-config kubeckpt-webhook] [--extra-ip 127.0.0.1]
                      [--runtime-image kubeckpt/kubeckpt:<version>]
-                     [--client-ca-file FILE [--client-allowed-names NAME]] ...
+                     [--client-ca-file FILE [--client-allowed-names NAME]]
+                     [--progress-push-ca-file FILE] ...
 
 In-cluster it reads the service-account token; with --kubeconfig it uses that file. It serves
 /mutate, /healthz, /readyz and /metrics over TLS on one port; /metrics only to callers the API
@@ -38,6 +39,7 @@ from reconciler.metrics_auth import MetricsAuth
 from .certs import FIELD_MANAGER, SECRET_NAME, WEBHOOK_CONFIGURATION, cert_config
 from .informer_view import InformerView
 from .mutation import DEFAULT_RUNTIME_IMAGE
+from .push_ca import PushCAFile
 from .server import Metrics, make_app, serve
 
 log = logging.getLogger("kubeckpt.webhook")
@@ -107,6 +109,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --client-ca-file: accept only client certificates whose common name or a DNS "
         "name is NAME (repeatable); needed when that CA also signs other clients' certificates",
     )
+    ap.add_argument(
+        "--progress-push-ca-file",
+        type=Path,
+        help="PEM CA of the progress push endpoint (the ca.crt of its CA Secret): pods whose "
+        "CheckpointPolicy sets progress.push get it in the annotation "
+        "kubeckpt.io/progress-push-ca, projected as their ca.crt (reloaded when the file "
+        "changes). Without it, or while it is unusable, they read the ConfigMap "
+        "kubeckpt-progress-ca of their namespace",
+    )
     ap.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
     return ap.parse_args(argv)
 
@@ -142,6 +153,11 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             client_ca.load_once()
             tasks.append(asyncio.create_task(client_ca.run(), name="client-ca-file"))
             client_auth = ClientCertAuth(tls, args.client_allowed_names)
+        push_ca: PushCAFile | None = None
+        if args.progress_push_ca_file is not None:
+            push_ca = PushCAFile(args.progress_push_ca_file)
+            push_ca.load_once()
+            tasks.append(asyncio.create_task(push_ca.run(), name="progress-push-ca-file"))
         await view.start()
         app = make_app(
             view,
@@ -150,6 +166,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             runtime_image=args.runtime_image,
             metrics_auth=metrics_auth,
             client_auth=client_auth,
+            push_ca=push_ca.current if push_ca is not None else (lambda: None),
         )
         await tls.wait_ready()
         runner = await serve(app, args.bind_address, args.port, tls.context)

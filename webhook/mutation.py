@@ -3,7 +3,8 @@
 It returns the patched pod and the RFC 6902 JSONPatch that produces it. The patch is built op by
 op (arrays that are absent are added whole, arrays that exist are appended to with `/-`), then
 applied with `jsonpatch` so the patched pod is by construction what the API server will store.
-Nothing the user set is overwritten; what we did not add is listed in the status annotation.
+Nothing the user set is overwritten (but for the push CA annotation, which is ours to set: a pod
+cannot choose what the webhook vouches for); what we did not add is listed in the status annotation.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from trainer_runtime.contract import (
 from trainer_runtime.contract.env import CHECKPOINT_ON_UNVERIFIABLE, ON_UNVERIFIABLE_FAIL
 from trainer_runtime.zerocode import pythonpath_entries
 
-from .push_injection import push_env, push_volume
+from .push_injection import PUSH_CA_ANNOTATION, PUSH_VOLUME, push_env, push_volume
 
 RUN_VOLUME = "kubeckpt-run"
 LOCAL_VOLUME = "kubeckpt-local"
@@ -237,12 +238,15 @@ def mutate(
     namespace_name: str | None = None,
     copy_pod: bool = True,
     runtime_image: str = DEFAULT_RUNTIME_IMAGE,
+    push_ca: str | None = None,
 ) -> MutationResult:
     """Decide and build the mutation for one pod. Never raises on odd pods: skips them.
 
     `pod` is left as it was. With `copy_pod=False` the caller hands over a dict that nothing else
     uses (the server's freshly parsed request object): it is patched in place and becomes the
     result's `pod`, instead of being deep-copied first (a third of the admission handler's time).
+    `push_ca`: the progress push endpoint's CA (validated PEM, webhook/push_ca.py), stamped on a
+    push pod and projected as its ca.crt; None: the pod reads the namespace's ConfigMap instead.
     """
     original = pod if not copy_pod and isinstance(pod, dict) else copy.deepcopy(dict(pod))
     meta = original.get("metadata") or {}
@@ -378,7 +382,7 @@ def mutate(
             )
         )
     if policy.progress_push:
-        volumes.append(push_volume())
+        volumes.append(push_volume(ca_from_annotation=push_ca is not None))
     if zerocode:
         volumes.append(
             (
@@ -437,13 +441,12 @@ def mutate(
         status["skipped"] = skipped  # type: ignore[assignment]
     if grace is not None:
         status["gracePeriodSeconds"] = max(grace, spec.get("terminationGracePeriodSeconds") or 0)  # type: ignore[assignment]
-    ops += _put_map("/metadata/labels", meta.get("labels"), INJECTED_LABEL, "true")
-    ops += _put_map(
-        "/metadata/annotations",
-        meta.get("annotations"),
-        STATUS_ANNOTATION,
-        json.dumps(status, separators=(",", ":"), sort_keys=True),
-    )
+    ops += _put_map("/metadata/labels", meta.get("labels"), {INJECTED_LABEL: "true"})
+    stamps = {STATUS_ANNOTATION: json.dumps(status, separators=(",", ":"), sort_keys=True)}
+    if push_ca is not None and any(v["name"] == PUSH_VOLUME for v in new_volumes):
+        # Only with our volume, which reads it; set over whatever the pod carried.
+        stamps[PUSH_CA_ANNOTATION] = push_ca
+    ops += _put_map("/metadata/annotations", meta.get("annotations"), stamps)
     # `original` is this call's own copy (or the handed-over pod) and is not used again: patch it
     # in place rather than let jsonpatch deep-copy the whole pod a second time.
     patched = jsonpatch.apply_patch(original, ops, in_place=True)
@@ -465,7 +468,8 @@ def _append(path: str, current: list | None, items: list[dict[str, Any]]) -> lis
     return [{"op": "add", "path": f"{path}/-", "value": item} for item in items]
 
 
-def _put_map(path: str, current: dict | None, key: str, value: str) -> list[dict[str, Any]]:
+def _put_map(path: str, current: dict | None, items: dict[str, str]) -> list[dict[str, Any]]:
+    """Set keys of a map, adding the map when absent (an `add` of a key that exists replaces it)."""
     if current is None:
-        return [{"op": "add", "path": path, "value": {key: value}}]
-    return [{"op": "add", "path": f"{path}/{_esc(key)}", "value": value}]
+        return [{"op": "add", "path": path, "value": dict(items)}]
+    return [{"op": "add", "path": f"{path}/{_esc(k)}", "value": v} for k, v in items.items()]

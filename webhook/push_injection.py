@@ -2,9 +2,12 @@
 
 - a projected ServiceAccount token with our audience and a short life (the kubelet renews it), so
   the token is good for nothing but our endpoint and names the pod it is bound to;
-- the CA that signed the endpoint's certificate: the ConfigMap `kubeckpt-progress-ca` (key
-  `ca.crt`) of the pod's namespace, projected optionally (an admin distributes it, e.g. with
-  trust-manager; without it the push fails TLS and exec pull carries on);
+- the CA that signed the endpoint's certificate, as `ca.crt`: when the webhook has it
+  (`--progress-push-ca-file`, webhook/push_ca.py), the annotation `kubeckpt.io/progress-push-ca`
+  that the webhook stamps on the pod (whatever the pod had there is overwritten), projected through
+  the downward API; else the ConfigMap `kubeckpt-progress-ca` (key `ca.crt`) of the pod's
+  namespace, projected optionally (an admin distributes it, e.g. with trust-manager; without it the
+  push fails TLS and exec pull carries on);
 - the URL of the job's status path on the endpoint's Service, as KUBECKPT_PROGRESS_PUSH_URL (our
   runtime) and, unless Trainer injected its own status server, Trainer's variables, which
   transformers' KubeflowCallback reads: a Trainer-configured pod keeps pushing to Trainer.
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from kubeckpt_api.jobkinds import JobIdentity
+from kubeckpt_api.optin import PUSH_CA_ANNOTATION
 from trainer_runtime.contract import RUN_DIR
 from trainer_runtime.contract.env import (
     KUBECKPT_PROGRESS_PUSH_CA,
@@ -59,7 +63,22 @@ def push_env(
     return env
 
 
-def push_volume() -> tuple[dict[str, Any], dict[str, Any]]:
+def ca_source(from_annotation: bool) -> dict[str, Any]:
+    """Where the pod's ca.crt comes from: our annotation, or its namespace's optional ConfigMap."""
+    if from_annotation:
+        field = f"metadata.annotations['{PUSH_CA_ANNOTATION}']"
+        item = {"path": "ca.crt", "fieldRef": {"apiVersion": "v1", "fieldPath": field}}
+        return {"downwardAPI": {"items": [item]}}
+    return {
+        "configMap": {
+            "name": CA_CONFIGMAP,
+            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+            "optional": True,
+        }
+    }
+
+
+def push_volume(ca_from_annotation: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     volume = {
         "name": PUSH_VOLUME,
         "projected": {
@@ -71,13 +90,7 @@ def push_volume() -> tuple[dict[str, Any], dict[str, Any]]:
                         "path": "token",
                     }
                 },
-                {
-                    "configMap": {
-                        "name": CA_CONFIGMAP,
-                        "items": [{"key": "ca.crt", "path": "ca.crt"}],
-                        "optional": True,
-                    }
-                },
+                ca_source(ca_from_annotation),
             ]
         },
     }

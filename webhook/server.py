@@ -72,7 +72,10 @@ def job_uid(job: JobIdentity, pod: Mapping[str, Any]) -> str | None:
 
 
 def decide(
-    view: ClusterView, request: dict[str, Any], runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    view: ClusterView,
+    request: dict[str, Any],
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE,
+    push_ca: str | None = None,
 ) -> MutationResult:
     """Look up the pod's namespace, policy and job progress in the caches, then mutate."""
     pod = request["object"]
@@ -91,6 +94,7 @@ def decide(
         namespace_name=ns_name,
         copy_pod=False,
         runtime_image=runtime_image,
+        push_ca=push_ca,
     )
     if result.injected:
         result.warnings[:0] = warnings
@@ -105,9 +109,11 @@ def make_app(
     runtime_image: str = DEFAULT_RUNTIME_IMAGE,
     metrics_auth: MetricsAuth | None = None,
     client_auth: ClientCertAuth | None = None,
+    push_ca: Callable[[], str | None] = lambda: None,
 ) -> web.Application:
     """The webhook's routes. With `client_auth`, /mutate answers only the API server (its client
-    certificate; 401 before anything is read or looked up) and /readyz waits for the client CA."""
+    certificate; 401 before anything is read or looked up) and /readyz waits for the client CA.
+    `push_ca` says the progress push CA in force now (webhook/push_ca.py; None: the ConfigMap)."""
     m = metrics or Metrics()
     app = web.Application(client_max_size=MAX_BODY_BYTES)
 
@@ -135,7 +141,7 @@ def make_app(
                 result_label = "not_a_pod"
                 return web.json_response(review_response(uid))
             try:
-                result = decide(view, req, runtime_image)
+                result = decide(view, req, runtime_image, push_ca())
             except Exception:
                 log.exception("mutation failed for %s; pod allowed unchanged", uid)
                 m.errors.inc()

@@ -1,14 +1,17 @@
 """Progress push for real (issue 26): an unmodified HF Trainer script (`report_to="all"`, so
 transformers adds its KubeflowCallback when KUBEFLOW_TRAINER_SERVER_URL is set) in a TrainJob on
 the real node, its CheckpointPolicy with `progress.push: true`, Trainer's TrainJobStatus gate off.
-The webhook injects our URL, a projected token of audience kubeckpt-progress and the CA; the
-callback POSTs to the reconciler's endpoint (installed as config/components/progress-push does,
-with a Secret made here instead of cert-manager's), and the job's TrainingProgress shows
+The webhook injects our URL, a projected token of audience kubeckpt-progress and the CA, which it
+has from the CA Secret's ca.crt and stamps into the pod's annotation (no ConfigMap in the tenant
+namespace); the callback POSTs to the reconciler's endpoint (installed as
+config/components/progress-push does, with a CA and Secrets made here instead of cert-manager's),
+and the job's TrainingProgress shows
 `source: push` while it trains; the final status still comes from the termination message.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +21,7 @@ import pytest
 from localcluster import LocalCluster, wait_for
 from localcluster import addon as kubeckpt_addon
 from localcluster.node import RealNode
-from reconciler.pki import self_signed
+from reconciler.pki import issue_serving, make_ca
 from tests.node.test_trainjob_on_node import (
     complete,
     job_logs,
@@ -38,43 +41,62 @@ HOST = "kubeckpt-progress.kubeckpt-system.svc"
 pytestmark = pytest.mark.timeout(900)
 
 
-def _push_patch() -> list[dict]:
-    """The component's Deployment patch (config/components/progress-push/kustomization.yaml)."""
+def _patches() -> dict[tuple[str, str], list[dict] | dict]:
+    """The component's Deployment patches (config/components/progress-push/kustomization.yaml)
+    by (Deployment, json or strategic), as its kustomization lists them."""
     import yaml
 
     k = yaml.safe_load((COMPONENT / "kustomization.yaml").read_text())
-    return yaml.safe_load(k["patches"][0]["patch"])
+    out: dict[tuple[str, str], list[dict] | dict] = {}
+    for p in k["patches"]:
+        body = yaml.safe_load(p["patch"])
+        out[(p["target"]["name"], "json" if isinstance(body, list) else "strategic")] = body
+    return out
 
 
 @pytest.fixture(scope="module")
 def addon_with_push(
     cluster: LocalCluster, real_node: RealNode, tmp_path_factory
 ) -> Iterator[bytes]:
-    """config/local plus the push endpoint; yields the CA (the self-signed serving certificate)."""
+    """config/local plus the push endpoint; yields the endpoint's CA, which the webhook reads from
+    the CA Secret's ca.crt (as the component mounts it)."""
     cluster.start_trainer(status_gate=False)
     kubeckpt_addon.install(cluster)
-    cert, key = self_signed([HOST, f"{HOST}.cluster.local"])
+    now, hour = dt.datetime.now(dt.UTC), dt.timedelta(hours=1)
+    ca = make_ca("kubeckpt-progress-ca", now=now, validity=24 * hour, backdate=hour)
+    leaf = issue_serving(
+        ca, dns_names=[HOST, f"{HOST}.cluster.local"], now=now, validity=24 * hour, backdate=hour
+    )
     d = tmp_path_factory.mktemp("progress-certs")
-    (d / "tls.crt").write_bytes(cert)
-    (d / "tls.key").write_bytes(key)
+    (d / "tls.crt").write_bytes(leaf.cert_pem)
+    (d / "tls.key").write_bytes(leaf.key_pem)
+    (d / "ca.crt").write_bytes(ca.cert_pem)
     cluster.kubectl(
         "create", "secret", "tls", "kubeckpt-progress-tls", "-n", SYSTEM_NS,
         f"--cert={d / 'tls.crt'}", f"--key={d / 'tls.key'}",
     )  # fmt: skip
+    cluster.kubectl(
+        "create", "secret", "generic", "kubeckpt-progress-ca", "-n", SYSTEM_NS,
+        f"--from-file=ca.crt={d / 'ca.crt'}",
+    )  # fmt: skip
     cluster.kubectl("apply", "-f", str(COMPONENT / "service.yaml"))
-    cluster.kubectl(
-        "patch", "deployment", "kubeckpt-reconciler", "-n", SYSTEM_NS, "--type=json",
-        "-p", json.dumps(_push_patch()),
-    )  # fmt: skip
-    cluster.kubectl(
-        "rollout", "status", "deployment/kubeckpt-reconciler", "-n", SYSTEM_NS, "--timeout=180s",
-        timeout=200,
-    )  # fmt: skip
+    patches = _patches()
+    for (name, kind), body in patches.items():
+        cluster.kubectl(
+            "patch", "deployment", name, "-n", SYSTEM_NS, f"--type={kind}",
+            "-p", json.dumps(body),
+        )  # fmt: skip
+    for name in sorted({name for name, _ in patches}):
+        cluster.kubectl(
+            "rollout", "status", f"deployment/{name}", "-n", SYSTEM_NS, "--timeout=180s",
+            timeout=200,
+        )  # fmt: skip
     try:
-        yield cert
+        yield ca.cert_pem
     finally:
         cluster.kubectl("delete", "service", "kubeckpt-progress", "-n", SYSTEM_NS, check=False)
-        cluster.kubectl("delete", "secret", "kubeckpt-progress-tls", "-n", SYSTEM_NS, check=False)
+        for secret in ("kubeckpt-progress-tls", "kubeckpt-progress-ca"):
+            cluster.kubectl("delete", "secret", secret, "-n", SYSTEM_NS, check=False)
         kubeckpt_addon.uninstall(cluster)
 
 
@@ -88,9 +110,6 @@ def test_unmodified_hf_script_feeds_training_progress_through_push(
         "patch", "checkpointpolicy", "default", "-n", ns, "--type=merge",
         "-p", json.dumps({"spec": {"progress": {"push": True}}}),
     )  # fmt: skip
-    ca = tmp_path / "ca.crt"
-    ca.write_bytes(addon_with_push)
-    cluster.kubectl("create", "configmap", "kubeckpt-progress-ca", "-n", ns, f"--from-file={ca}")
     cmd = "torchrun /scripts/hf_train_func.py --steps=120 --save-steps=40 --sleep=0.25"
     cluster.apply([trainjob(job, ns, cmd, nodes=1)])
     pod = wait_rank(cluster, ns, job, 0, 240)
@@ -103,6 +122,12 @@ def test_unmodified_hf_script_feeds_training_progress_through_push(
     vols = {v["name"]: v for v in pod["spec"]["volumes"]}
     sources = vols["kubeckpt-progress-push"]["projected"]["sources"]
     assert sources[0]["serviceAccountToken"]["audience"] == "kubeckpt-progress"
+    # The CA from the webhook, in the pod's own annotation: no ConfigMap in the namespace.
+    assert (
+        pod["metadata"]["annotations"]["kubeckpt.io/progress-push-ca"] == addon_with_push.decode()
+    )
+    assert "downwardAPI" in sources[1] and "configMap" not in sources[1]
+    assert "kubeckpt-progress-ca" not in cluster.kubectl("get", "configmaps", "-n", ns).stdout
 
     pushed = wait_for(
         lambda: (

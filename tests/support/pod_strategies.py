@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tests.support.operator_pods import batch_job_owner, pytorchjob_owner
 
 OUR_ENV = ["CHECKPOINT_URI", "CHECKPOINT_INTERVAL", "TRAINING_PROGRESS_FILE", "CHECKPOINT_JIT"]
-OUR_VOLUMES = ["kubeckpt-run", "kubeckpt-storage", "kubeckpt-local"]
+OUR_VOLUMES = ["kubeckpt-run", "kubeckpt-storage", "kubeckpt-local", "kubeckpt-progress-push"]
 OUR_PATHS = ["/var/run/kubeckpt", "/mnt/kubeckpt/ns-x/job-x", "/var/run/kubeckpt/local"]
 
 env_names = st.sampled_from([*OUR_ENV, "PET_NNODES", "HOME", "A_B", "x1", "MASTER_ADDR"])
@@ -78,6 +78,7 @@ def training_pods(draw: Any, namespace: str = "ns-x") -> dict[str, Any]:
                         "kubeckpt.io/max-checkpoints",
                         "kubeckpt.io/resume",
                         "kubeckpt.io/local-tier",
+                        "kubeckpt.io/progress-push-ca",  # the webhook's to set (progress.push)
                     ]
                 ),
                 st.sampled_from(["10m", "5", "true", "nope", "0", "-1"]),
@@ -113,6 +114,8 @@ def policies(draw: Any, namespace: str = "ns-x") -> dict[str, Any]:
         }
     if draw(st.booleans()):
         spec["strategy"], spec["saveSteps"] = "steps", draw(st.integers(1, 10_000))
+    if draw(st.booleans()):
+        spec["progress"] = {"push": True}
     return {
         "apiVersion": "kubeckpt.io/v1alpha1",
         "kind": "CheckpointPolicy",

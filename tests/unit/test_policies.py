@@ -428,3 +428,56 @@ def test_the_progress_push_component_serves_the_endpoint_with_the_review_right(
     assert set(by_kind(docs, "ValidatingAdmissionPolicy")) == set(
         by_kind(default, "ValidatingAdmissionPolicy")
     )
+
+
+def test_the_progress_push_component_hands_pods_a_stable_ca_through_the_webhook(
+    tmp_path: Path,
+) -> None:
+    """cert-manager's CA bootstrap: self-signed Issuer -> CA Certificate (isCA, 10 years) -> CA
+    Issuer -> serving Certificate, so a renewal keeps the CA pods trust. The webhook mounts the CA
+    Secret's ca.crt alone (optional: it serves before cert-manager issued it) and says where with
+    --progress-push-ca-file; no role, binding or policy changes for it (least privilege), and the
+    mounts merge with those of config/certmanager and the client-auth component."""
+    base = render(CONFIG / "certmanager")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    components = ["progress-push", "webhook-client-auth"]
+    kustomization = {
+        "resources": [os.path.relpath(CONFIG / "certmanager", overlay)],
+        "components": [os.path.relpath(CONFIG / "components" / c, overlay) for c in components],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    docs = render(overlay)
+    certs, issuers = by_kind(docs, "Certificate"), by_kind(docs, "Issuer")
+    ca = certs["kubeckpt-progress-ca"]["spec"]
+    assert ca["isCA"] is True and ca["secretName"] == "kubeckpt-progress-ca"
+    assert ca["issuerRef"] == {"kind": "Issuer", "name": "kubeckpt-selfsigned"}
+    assert issuers["kubeckpt-selfsigned"]["spec"] == {"selfSigned": {}}
+    hours = int(ca["duration"].removesuffix("h"))
+    assert hours >= 5 * 365 * 24
+    assert issuers["kubeckpt-progress-ca"]["spec"] == {"ca": {"secretName": "kubeckpt-progress-ca"}}
+    serving = certs["kubeckpt-progress"]["spec"]
+    assert serving["issuerRef"] == {"kind": "Issuer", "name": "kubeckpt-progress-ca"}
+    assert not serving.get("isCA")
+    webhook = by_kind(docs, "Deployment")["kubeckpt-webhook"]["spec"]["template"]["spec"]
+    c = webhook["containers"][0]
+    assert "--progress-push-ca-file=/etc/kubeckpt/progress-ca/ca.crt" in c["args"]
+    assert "--client-ca-file=/etc/kubeckpt/client-ca/ca.crt" in c["args"]
+    volumes = {v["name"]: v for v in webhook["volumes"]}
+    assert volumes["progress-ca"]["secret"] == {
+        "secretName": "kubeckpt-progress-ca",
+        "optional": True,
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    assert {"certs", "client-ca", "progress-ca"} == set(volumes)
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["progress-ca"] == {
+        "name": "progress-ca",
+        "mountPath": "/etc/kubeckpt/progress-ca",
+        "readOnly": True,
+    }
+    # Only the reconciler reads the serving key; nothing else mounts the CA's Secret.
+    reconciler = by_kind(docs, "Deployment")["kubeckpt-reconciler"]["spec"]["template"]["spec"]
+    assert [v["secret"]["secretName"] for v in reconciler["volumes"]] == ["kubeckpt-progress-tls"]
+    for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", VAP, BINDING):
+        assert by_kind(docs, kind) == by_kind(base, kind), kind

@@ -1,12 +1,16 @@
 """A `kubeckpt-webhook` process registered with the real API server by URL on 127.0.0.1
 (localcluster.local_webhook), for the whole session; it answers /mutate only to the API server
-(its client certificate, localcluster.admission_auth)."""
+(its client certificate, localcluster.admission_auth). It has a progress push CA file
+(--progress-push-ca-file), as config/components/progress-push gives it; only pods whose policy sets
+progress.push see it."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,7 @@ from localcluster.local_webhook import (
     WebhookProcess,
     local_webhook_configuration,
 )
+from reconciler.pki import make_ca
 
 # Its own certificate Secret: the add-on installed on the real node (tests/node) uses the
 # default one in the same namespace, with other SANs.
@@ -25,8 +30,19 @@ __all__ = ["MWC_NAME", "WEBHOOK_NS", "WebhookProcess", "local_webhook_configurat
 
 
 @pytest.fixture(scope="session")
+def push_ca_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The progress push endpoint's CA as the component mounts it into the webhook (ca.crt)."""
+    now = dt.datetime.now(dt.UTC)
+    pair = make_ca("kubeckpt-progress-ca", now=now, validity=dt.timedelta(days=1),
+                   backdate=dt.timedelta(minutes=5))  # fmt: skip
+    path = tmp_path_factory.mktemp("progress-ca") / "ca.crt"
+    path.write_bytes(pair.cert_pem)
+    return path
+
+
+@pytest.fixture(scope="session")
 def webhook(
-    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+    cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory, push_ca_file: Path
 ) -> Iterator[WebhookProcess]:
     # The port the API server presents its client certificate to: /mutate answers it alone.
     port = cluster.ports["kubeckpt_webhook"]
@@ -38,6 +54,7 @@ def webhook(
         tmp_path_factory.mktemp("webhook") / "webhook.log",
         secret=SESSION_SECRET,
         client_ca=cluster.webhook_client_ca,
+        extra_args=(f"--progress-push-ca-file={push_ca_file}",),
     )
     try:
         proc.start()

@@ -6,13 +6,16 @@ import json
 import ssl
 import urllib.request
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from localcluster import LocalCluster, wait_for
+from reconciler.pki import make_ca
 from tests.integration.webhook.conftest import (
     WEBHOOK_NS,
     WebhookProcess,
@@ -30,6 +33,12 @@ POLICY = {
     "metadata": {"name": "team-default"},
     "spec": {"storage": {"uri": "pvc://ckpt/runs"}, "jit": {"maxGracePeriodSeconds": 240}},
 }
+PUSH_CA = make_ca(
+    "kubeckpt-progress-ca",
+    now=datetime.now(UTC),
+    validity=timedelta(days=1),
+    backdate=timedelta(minutes=5),
+).cert_pem.decode()
 TORCHRUN = (
     "pip list | grep torch; torchrun --nnodes=$PET_NNODES --nproc-per-node=1 "
     "--node-rank=$PET_NODE_RANK --master-addr=$MASTER_ADDR --master-port=$MASTER_PORT train.py"
@@ -310,15 +319,16 @@ def test_a_label_forged_master_is_not_injected(cluster: LocalCluster, opted_in: 
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-@given(pod=training_pods(), pol=policies(), tp=progress)
+@given(pod=training_pods(), pol=policies(), tp=progress, push_ca=st.sampled_from([None, PUSH_CA]))
 def test_patched_pods_are_accepted_by_the_api_server(
-    cluster: LocalCluster, pod: dict, pol: dict, tp: dict
+    cluster: LocalCluster, pod: dict, pol: dict, tp: dict, push_ca: str | None
 ) -> None:
-    """Property: whatever the user's pod, the pod we produce is a valid Pod for the API server."""
+    """Property: whatever the user's pod, the pod we produce is a valid Pod for the API server
+    (with the progress push CA from the webhook's annotation or from the ConfigMap)."""
     ns_obj = {"metadata": {"name": "default", "labels": {"kubeckpt.io/inject": "enabled"}}}
     pod["metadata"]["namespace"] = "default"  # unlabelled for the webhook: only our patch applies
     pod["metadata"]["name"] = "prop-" + uuid.uuid4().hex[:8]
-    patched = mutate(pod, pol, ns_obj, tp).pod
+    patched = mutate(pod, pol, ns_obj, tp, push_ca=push_ca).pod
     proc = cluster.kubectl(
         "create",
         "--dry-run=server",

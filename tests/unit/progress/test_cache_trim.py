@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubeckpt_api.groupversion import TRAINING_PROGRESS
+from kubeckpt_api.optin import PUSH_CA_ANNOTATION
 from progress_controller import controller as controller_module
 from progress_controller import discovery as d
 from progress_controller.controller import ProgressController
@@ -142,6 +143,8 @@ def pods(draw: Any, kind: d.JobKind, index: int) -> dict[str, Any]:
         annotations[d.STATUS_ANNOTATION] = status_ann
     elif status_ann is not None:
         annotations[d.STATUS_ANNOTATION] = json.dumps({"container": status_ann})
+    if draw(st.booleans()):  # the webhook's push CA: the pod's to read, not the controller's
+        annotations[PUSH_CA_ANNOTATION] = BIG
     if draw(st.booleans()):
         annotations[LAST_CHECKPOINT_STEP_ANNOTATION] = draw(st.sampled_from(["40", "7"]))
         annotations[LAST_CHECKPOINT_TIME_ANNOTATION] = "2026-01-01T11:00:00Z"
@@ -511,6 +514,7 @@ def test_the_trim_drops_the_bulk(sc: dict[str, Any]) -> None:
         assert len(json.dumps(small)) < len(json.dumps(p)) / 3
         assert "managedFields" not in small["metadata"]
         assert LAST_APPLIED not in (small["metadata"].get("annotations") or {})
+        assert PUSH_CA_ANNOTATION not in (small["metadata"].get("annotations") or {})
         assert small["metadata"]["labels"] == p["metadata"]["labels"]
         assert small["metadata"]["ownerReferences"] == p["metadata"]["ownerReferences"]
 

@@ -4,8 +4,10 @@ and the real API server are in tests/integration/webhook)."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import jsonpatch
 import pytest
@@ -13,7 +15,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reconciler.pki import make_ca
 from tests.unit.webhook.test_mutation import NS, pod, policy
+from webhook.push_ca import PushCAFile
+from webhook.push_injection import PUSH_CA_ANNOTATION
 from webhook.server import Metrics, make_app
 from webhook.view import StaticView
 
@@ -233,3 +238,31 @@ async def test_no_body_produces_a_5xx_or_stops_the_server(body: bytes) -> None:
         if resp.status == 400:
             assert "error" in await resp.json()
         assert (await c.get("/healthz")).status == 200  # still serving
+
+
+async def test_the_push_ca_in_force_at_each_request_is_stamped(tmp_path: Path) -> None:
+    """The CA file's current contents (PushCAFile, as main wires it) reach each push pod; while the
+    file is unusable the pod gets the ConfigMap, and the request still succeeds."""
+    now = dt.datetime(2026, 11, 27, tzinfo=dt.UTC)
+    ca = make_ca("push", now=now, validity=dt.timedelta(days=1), backdate=dt.timedelta(0))
+    path = tmp_path / "ca.crt"
+    path.write_bytes(ca.cert_pem)
+    ca_file = PushCAFile(path)
+    ca_file.load_once()
+    push_view = StaticView(namespaces=[NS], policies=[policy(progress={"push": True})])
+    app = make_app(push_view, push_ca=ca_file.current)
+
+    async def admitted() -> dict:
+        body = await (await c.post("/mutate", json=review(pod()))).json()
+        assert body["response"]["allowed"] is True
+        return jsonpatch.apply_patch(pod(), json.loads(base64.b64decode(body["response"]["patch"])))
+
+    async with TestClient(TestServer(app)) as c:
+        stamped = await admitted()
+        assert stamped["metadata"]["annotations"][PUSH_CA_ANNOTATION] == ca.cert_pem.decode()
+        path.write_bytes(b"garbage")
+        ca_file.load_once()
+        fallback = await admitted()
+        assert PUSH_CA_ANNOTATION not in fallback["metadata"]["annotations"]
+        vol = next(v for v in fallback["spec"]["volumes"] if v["name"] == "kubeckpt-progress-push")
+        assert vol["projected"]["sources"][1]["configMap"]["name"] == "kubeckpt-progress-ca"
