@@ -6,7 +6,9 @@ Trainer's own byte for byte and resume to the exact step. Within the budget noth
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import torch
 from kubeckpt_env import kubeckpt_env as _env
 from test_callback import _args
 from tiny_hf import TokenDataset, tiny_gpt2
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 
 from trainer_runtime import layout
 from trainer_runtime.config import Config
@@ -191,6 +193,44 @@ def test_within_budget_nothing_changes(tmp_path, monkeypatch):
     assert [(note, staged) for note, staged, _ in seen] == [(None, need), (None, need)]
     # The step-4 write: training went on through steps 5-7 (and 8's forward) meanwhile.
     assert seen[0][2] >= 3, seen
+
+
+class _SigtermAt(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_stop_over_budget_saves_and_resumes_exactly(tmp_path, reference):
+    """A just-in-time save over the budget: durable before train() returns, the stager within
+    the budget, and a new run resumes from it to the uninterrupted run's exact weights."""
+    need, changed = _state_bytes(tmp_path / "size")
+    budget = changed + 1024
+    env = _env(
+        tmp_path,
+        CHECKPOINT_STRATEGY="time",
+        CHECKPOINT_INTERVAL="1h",
+        KUBECKPT_STAGING_BUDGET_BYTES=str(budget),
+    )
+    first = kubeckpt_trainer(_trainer(tmp_path), Config.from_env(env))
+    first.callback_handler.callbacks.insert(0, _SigtermAt())
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        first.train()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert first.kubeckpt.stopped and first.state.global_step == 5
+    assert first.kubeckpt.saves_over_budget == 1 and first.kubeckpt.failed_saves == 0
+    assert first.kubeckpt.stager.peak_bytes <= budget < need
+    root = tmp_path / "ckpt"
+    assert [(e.step, e.complete) for e in layout.scan(root)] == [(5, True)]
+
+    second = kubeckpt_trainer(_trainer(tmp_path), Config.from_env(env))
+    second.train()
+    assert second.kubeckpt.resumed_from == str(root / "checkpoint-5")
+    assert second.state.global_step == STEPS
+    for name, value in _params(second.model).items():
+        torch.testing.assert_close(value, reference[name], rtol=0, atol=0, msg=name)
 
 
 def test_a_bad_budget_is_a_clear_error(tmp_path, monkeypatch):
