@@ -18,12 +18,22 @@ Frozen parameters (a PEFT base model) are passed by reference: only `optimizer.s
 parameters, and it never touches frozen ones. Copies go into CPU buffers kept from one save to the
 next (the first copy into fresh memory pays a page fault per page); at most one save is in flight,
 so a buffer is never refilled while it is being written.
+
+Staging is bounded by the same budget as torch's (staging_budget.py). optimizer.pt is one pickle
+that must stay the Trainer's own byte for byte, so it cannot be written in chunks as torch's plain
+format is; instead a save whose copy does not fit is not copied (`Staging`, `choose`): with
+HELD, trainable parameters and optimizer state (which only `optimizer.step()` changes) are
+written from their own memory and the next optimizer step waits until every tier is written,
+while what forward changes (buffers) and the small scheduler/scaler state are still copied; with
+BLOCKING (even that does not fit, or no pre-step hook to wait in) nothing is copied and training
+waits for the whole write. Either way the files are the same bytes.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import json
 import os
 import random
@@ -106,6 +116,59 @@ def async_unsupported(trainer: Any) -> str | None:
     return None
 
 
+class Staging(enum.Enum):
+    """How one save gets its state to the writer (module docstring)."""
+
+    WHOLE = "whole"  # everything copied: training goes on at once (within the budget)
+    HELD = "held"  # parameters and optimizer state written in place; the next update waits
+    BLOCKING = "blocking"  # nothing copied: training waits until the save is durable
+
+
+@dataclass(frozen=True)
+class StagingPlan:
+    """The decision for one save, with the figures it was made from (bytes)."""
+
+    mode: Staging
+    need: int  # a whole copy
+    forward_changed: int  # what HELD still copies: buffers, scheduler and scaler state
+    budget: int
+
+    @property
+    def staged_bytes(self) -> int:
+        """What the stager copies under this plan."""
+        return {Staging.WHOLE: self.need, Staging.HELD: self.forward_changed}.get(self.mode, 0)
+
+    def note(self) -> str | None:
+        """Why the save is not async as usual (None: it is), for logs and the save's result."""
+        if self.mode is Staging.WHOLE:
+            return None
+        held = (
+            "the next optimizer step waits until it is written"
+            if self.mode is Staging.HELD
+            else "training waits until it is written"
+        )
+        return (
+            f"the state ({self.need} bytes) exceeds the staging budget ({self.budget} bytes): "
+            f"parameters and optimizer state are written from training memory and {held}"
+        )
+
+
+def choose(need: int, forward_changed: int, budget: int, *, can_hold: bool) -> StagingPlan:
+    """WHOLE when a whole copy fits the budget; else HELD when what forward changes fits and the
+    optimizer's pre-step hook can hold the next update; else BLOCKING."""
+    if need <= budget:
+        mode = Staging.WHOLE
+    elif forward_changed <= budget and can_hold:
+        mode = Staging.HELD
+    else:
+        mode = Staging.BLOCKING
+    return StagingPlan(mode, need, forward_changed, budget)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def _key(t: torch.Tensor) -> tuple[Any, ...]:
     """Identity of a tensor view: equal keys are the same memory (tied weights)."""
     return (
@@ -129,6 +192,58 @@ class Stager:
         # staging overlaps (CPU tensors only optimizer.step() changes: parameters, its state).
         self._late: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.overlap = False  # set by the callback for each save it stages
+        self.plan: StagingPlan | None = None  # likewise (`choose`); None: WHOLE
+        self.peak_bytes = 0  # the most the buffers have held at once (tests, logs)
+
+    @property
+    def mode(self) -> Staging:
+        return Staging.WHOLE if self.plan is None else self.plan.mode
+
+    @property
+    def held_bytes(self) -> int:
+        """Host memory the buffers keep for the next save (counted in the process's use)."""
+        self._wait_warm()
+        return sum(_nbytes(b) for b in self._buffers.values())
+
+    def _allocated(self, name: tuple[Any, ...], buf: torch.Tensor) -> None:
+        self._buffers[name] = buf
+        self.peak_bytes = max(self.peak_bytes, sum(_nbytes(b) for b in self._buffers.values()))
+
+    def sizes(self, trainer: Any) -> tuple[int, int]:
+        """(bytes a whole copy stages, bytes of it forward may change) for this rank's save."""
+        if not trainer.args.should_save:
+            return 0, 0  # other ranks stage their RNG state only
+        target, raw = _supported_model(trainer)
+        model = trainer.model if raw else target
+        trained = {_key(p.detach()) for p in model.parameters() if p.requires_grad}
+        need = changed = 0
+        for _, t in self._model_plan(model):
+            need += _nbytes(t)
+            changed += 0 if _key(t.detach()) in trained else _nbytes(t)
+        if not trainer.args.save_only_model:
+            optim = self._tree_plan(("optim",), _sd(trainer.optimizer), {})
+            need += sum(_nbytes(t) for _, t in optim)
+            small = [("sched", _sd(trainer.lr_scheduler))]
+            scaler = getattr(trainer.accelerator, "scaler", None)
+            if scaler is not None:
+                small.append(("scaler", scaler.state_dict()))
+            for name, tree in small:
+                n = sum(_nbytes(t) for _, t in self._tree_plan((name,), tree, {}))
+                need += n
+                changed += n
+        return need, changed
+
+    def drop_live(self, model: torch.nn.Module) -> None:
+        """Before a save that is not staged whole: give up the buffers of what it will not copy
+        (a second full copy is what the budget rules out); HELD keeps those it still fills."""
+        self._wait_warm()
+        if self.mode is Staging.BLOCKING:
+            self._buffers.clear()
+        elif self.mode is Staging.HELD:
+            trained = {_key(p.detach()) for p in model.parameters() if p.requires_grad}
+            names = {("model", k) for k, v in model.state_dict().items() if _key(v) in trained}
+            for name in [n for n in self._buffers if n[0] == "optim" or n in names]:
+                del self._buffers[name]
 
     def warm(self, trainer: Any) -> None:
         """Allocate and touch the buffers for the model and optimizer state on a background thread
@@ -145,7 +260,8 @@ class Stager:
         def run() -> None:
             for name, (shape, dtype, cuda) in plan:
                 if name not in self._buffers:
-                    self._buffers[name] = torch.empty(shape, dtype=dtype, pin_memory=cuda).fill_(0)
+                    buf = torch.empty(shape, dtype=dtype, pin_memory=cuda).fill_(0)
+                    self._allocated(name, buf)
 
         self._warming = threading.Thread(target=run, name="kubeckpt-warm", daemon=True)
         self._warming.start()
@@ -186,8 +302,9 @@ class Stager:
             return memo[key]
         buf = self._buffers.get(name)
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+            self._buffers.pop(name, None)  # the old one is not counted beside its replacement
             buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
-            self._buffers[name] = buf
+            self._allocated(name, buf)
         if late and self._late is not None and not src.is_cuda:
             self._late.append((src, buf))
         else:
@@ -196,10 +313,21 @@ class Stager:
         memo[key] = buf
         return buf
 
-    def tree(self, name: str, obj: Any, memo: dict | None = None, *, late: bool = False) -> Any:
+    def tree(
+        self,
+        name: str,
+        obj: Any,
+        memo: dict | None = None,
+        *,
+        late: bool = False,
+        live: bool = False,
+    ) -> Any:
         """A deep copy of nested dicts/lists/tuples with every tensor copied to CPU (`late`:
-        copied by `start_late`'s thread, when staging overlaps)."""
+        copied by `start_late`'s thread, when staging overlaps). `live`: `obj` itself, a fresh
+        state_dict written from training memory (a save not staged whole)."""
         self._wait_warm()
+        if live:
+            return obj
         memo = {} if memo is None else memo
 
         def walk(path: tuple[Any, ...], o: Any) -> Any:
@@ -221,11 +349,15 @@ class Stager:
         self._wait_warm()
         frozen = {_key(p.detach()) for p in model.parameters() if not p.requires_grad}
         trained = {_key(p.detach()) for p in model.parameters() if p.requires_grad}
+        # HELD: trainable parameters are written in place (the next update waits); BLOCKING: all.
+        live = frozen | trained if self.mode is Staging.HELD else frozen
         memo: dict = {}
         staged = {}
         for k, v in model.state_dict().items():
-            if isinstance(v, torch.Tensor) and _key(v.detach()) in frozen:
-                staged[k] = v.detach()  # never changed by the optimizer
+            if isinstance(v, torch.Tensor) and (
+                self.mode is Staging.BLOCKING or _key(v.detach()) in live
+            ):
+                staged[k] = v.detach()  # never changed by the optimizer, or not until written
             elif isinstance(v, torch.Tensor):
                 # Parameters change only in optimizer.step(): they may be copied late. Buffers
                 # (forward changes them) are copied now.
@@ -286,6 +418,9 @@ class Snapshot:
     blobs: list[tuple[str, bytes]] = field(default_factory=list)  # bytes staged already
     bytes_staged: int = 0
     late: LateCopy | None = None  # parameter and optimizer copies still being made
+    # Not staged whole (HELD/BLOCKING): set once the writer is done with the live tensors.
+    released: threading.Event | None = None
+    staging_note: str | None = None  # why not (StagingPlan.note)
 
     def wait_copies(self) -> None:
         if self.late is not None:
@@ -379,8 +514,14 @@ def stage(trainer: Any, stager: Stager, step: int, *, collectives: bool = True) 
     if stager.overlap and collectives:
         stager.begin_late()
 
+    if stager.mode is not Staging.WHOLE:
+        snap.released = threading.Event()
+        snap.staging_note = stager.plan.note() if stager.plan is not None else None
+
     if args.should_save:
         target, raw = _supported_model(trainer)
+        if stager.mode is not Staging.WHOLE:
+            stager.drop_live(trainer.model if raw else target)
         snap.model = target
         snap.raw_weights = raw
         snap.model_state = stager.model_state(trainer.model if raw else target)
@@ -405,14 +546,16 @@ def stage(trainer: Any, stager: Stager, step: int, *, collectives: bool = True) 
 
     if not args.save_only_model:
         if args.should_save:
-            optim = stager.tree("optim", _sd(trainer.optimizer), late=True)
+            live = stager.mode is not Staging.WHOLE
+            optim = stager.tree("optim", _sd(trainer.optimizer), late=True, live=live)
             snap.torch_files.append((OPTIMIZER_NAME, optim))
-            snap.torch_files.append(
-                (SCHEDULER_NAME, stager.tree("sched", _sd(trainer.lr_scheduler)))
-            )
+            blocking = stager.mode is Staging.BLOCKING
+            sched = stager.tree("sched", _sd(trainer.lr_scheduler), live=blocking)
+            snap.torch_files.append((SCHEDULER_NAME, sched))
             scaler = getattr(trainer.accelerator, "scaler", None)
             if scaler is not None:
-                snap.torch_files.append((SCALER_NAME, stager.tree("scaler", scaler.state_dict())))
+                scaler_state = stager.tree("scaler", scaler.state_dict(), live=blocking)
+                snap.torch_files.append((SCALER_NAME, scaler_state))
         rng = "rng_state.pth" if args.world_size <= 1 else f"rng_state_{args.process_index}.pth"
         snap.torch_files.append((rng, _rng_state(trainer)))
 

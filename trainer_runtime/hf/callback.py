@@ -41,7 +41,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
@@ -75,12 +75,16 @@ from ..protocol.resume_outcome import (
     ResumeRefused,
     decide_resume,
 )
+from ..staging_budget import staging_budget
 from ..stop import JitStop, StopOwner, exit_code
 from ..stop.process_end import end_process
 from ..storage import LocalTier, Tier, persistent_tier
 from ..torch.dcp import hash_files
 from .kubeflow import guard_kubeflow_callbacks
 from .world_size import check_resume
+
+if TYPE_CHECKING:
+    from .async_save import StagingPlan
 
 log = logging.getLogger(__name__)
 
@@ -168,18 +172,31 @@ class _HFSave:
         self.rank = rank
         self.error = error
 
+    @property
+    def staging_note(self) -> str | None:
+        """Why the save was not staged whole (SaveResult.staging_note)."""
+        return None if self.snapshot is None else self.snapshot.staging_note
+
     def prepare(self) -> None:
         if self.error is not None:
             raise RuntimeError(self.error)
         self.snapshot.wait_copies()
 
+    def finished(self) -> None:
+        """The writer is done, written or not: a save not staged whole frees training."""
+        if self.snapshot is not None and self.snapshot.released is not None:
+            self.snapshot.released.set()
+
     def wait_before_update(self) -> None:
-        """The next optimizer step must not change what is still being copied."""
+        """The next optimizer step must not change what is still being copied, nor, in a save
+        not staged whole, what is still being written from training memory."""
         if self.snapshot is not None:
             try:
                 self.snapshot.wait_copies()
             except RuntimeError:
                 pass  # reported by prepare() on the writer thread
+            if self.snapshot.released is not None:
+                self.snapshot.released.wait()
 
     def write(self, tier: Tier, directory: Path) -> list[Any]:
         self.snapshot.output_dir = str(directory)
@@ -242,6 +259,9 @@ class KubeckptCallback(TrainerCallback):
         self.stager: Any = None
         self._trainer: Any = None
         self._warmed = False
+        # Saves this run that did not fit the staging budget and held training (hf/async_save.py)
+        self.saves_over_budget = 0
+        self._last_staging: Any = None  # the last save's Staging, to warn when it changes
 
     @classmethod
     def from_env(cls, **overrides: Any) -> KubeckptCallback:
@@ -518,7 +538,8 @@ class KubeckptCallback(TrainerCallback):
             # After the first optimizer step, when Adam & co. have their state.
             self._warmed = True
             try:
-                self.stager.warm(self._trainer)
+                if self.staging_plan().note() is None:  # else no full-size buffers
+                    self.stager.warm(self._trainer)
             except Exception as e:  # only an optimization: the first save allocates instead
                 log.warning("kubeckpt: cannot pre-allocate staging buffers: %s", e)
         if self._fetched is not None:
@@ -543,9 +564,35 @@ class KubeckptCallback(TrainerCallback):
             and self._due[0] == step
         )
 
-    def save_staged(self, stage: Any, step: int, epoch: int) -> None:
+    def staging_plan(self) -> StagingPlan:
+        """How the next save stages, under the budget read as torch's is (staging_budget.py)."""
+        from .async_save import choose
+
+        need, forward_changed = self.stager.sizes(self._trainer)
+        budget = staging_budget(self.config.staging_budget_bytes, held=self.stager.held_bytes)
+        return choose(need, forward_changed, budget, can_hold=bool(self._hooks))
+
+    def _plan_save(self, step: int) -> StagingPlan:
+        """`staging_plan`, said in the log: a warning when a save first does not fit (and again
+        whenever that changes), counted in `saves_over_budget`."""
+        from .async_save import Staging
+
+        plan = self.staging_plan()
+        self.stager.plan = plan
+        note = plan.note()
+        if note is not None:
+            self.saves_over_budget += 1
+            level = logging.WARNING if plan.mode is not self._last_staging else logging.INFO
+            log.log(level, "kubeckpt: the save at step %d is not async: %s", step, note)
+        elif self._last_staging not in (None, Staging.WHOLE):
+            log.info("kubeckpt: the save at step %d fits the staging budget again", step)
+        self._last_staging = plan.mode
+        return plan
+
+    def save_staged(self, stage: Any, step: int, epoch: int, *, blocking: bool = False) -> None:
         """Stage (training thread) and hand over to the protocol's writer thread; a JIT save
-        blocks until durable and then answers preStop."""
+        (or one that `blocking` says must be written before training goes on) blocks until
+        durable; a JIT save then answers preStop."""
         assert self.ckpt is not None and self.stop is not None and self._due is not None
         _, persistent, local, reason = self._due
         self._due = None
@@ -557,7 +604,7 @@ class KubeckptCallback(TrainerCallback):
             persistent=persistent,
             local=local,
             reason=reason,
-            blocking=jit,
+            blocking=jit or blocking,
             epoch=epoch,
         )
         if jit:
@@ -576,10 +623,15 @@ class KubeckptCallback(TrainerCallback):
         """The stop watcher's copy of the state at `step`, the training thread being away."""
         from . import async_save
 
+        self._in_flight = None  # the last save's snapshot: its buffers may be given up
         try:
+            # BLOCKING needs no more than HELD here: the stop holds updates until it is durable.
+            self._plan_save(step)
             snapshot = async_save.stage(self._trainer, self.stager, step, collectives=False)
         except Exception as e:
             return self.staged(None, f"staging: {type(e).__name__}: {e}")
+        finally:
+            self.stager.plan = None
         return self.staged(snapshot)
 
     # --- the synchronous path: the Trainer writes, the protocol commits around it ---
@@ -763,9 +815,16 @@ def _install_async_save(trainer: Any, callback: KubeckptCallback) -> None:
 
         # A stop's save blocks until durable: nothing to overlap the copy with.
         overlap = callback.config.overlap_staging and not callback.stopping
+        try:
+            plan = callback._plan_save(step)
+        except Exception as e:  # sizing failed: the save still runs, staged whole as before
+            log.warning("kubeckpt: cannot size the save at step %d for staging: %s", step, e)
+            plan = None
 
         def stage() -> _HFSave:
+            callback._in_flight = None  # the last save's snapshot: its buffers may be given up
             callback.stager.overlap = overlap
+            callback.stager.plan = plan
             try:
                 snapshot = async_save.stage(trainer, callback.stager, step)
             except Exception as e:  # this save fails (every rank agrees); training goes on
@@ -773,8 +832,10 @@ def _install_async_save(trainer: Any, callback: KubeckptCallback) -> None:
                 return callback.staged(None, f"staging: {type(e).__name__}: {e}")
             finally:
                 callback.stager.overlap = False
+                callback.stager.plan = None
             return callback.staged(snapshot)
 
-        callback.save_staged(stage, step, epoch)
+        blocking = plan is not None and plan.mode is async_save.Staging.BLOCKING
+        callback.save_staged(stage, step, epoch, blocking=blocking)
 
     trainer._save_checkpoint = save_checkpoint

@@ -63,6 +63,9 @@ class SaveResult:
     stall_seconds: float = 0.0  # how long the training thread was held up
     persist_seconds: float = 0.0  # the writer thread's part: write, fsync, hash, commit
     bytes_written: int = 0  # by this rank
+    # Why this rank's save was not staged whole (the staging budget), from the Staged's own
+    # `staging_note` where it has one: training was held while it was written.
+    staging_note: str | None = None
 
 
 @dataclass
@@ -211,6 +214,7 @@ class SaveSession:
         """The writer thread. Any failure, a rank that stops answering included, is a failed
         save: it is reported, never raised into training."""
         result = SaveResult(step=step, ok=True, reason=reason)
+        result.staging_note = getattr(staged, "staging_note", None)
         try:
             error: str | None = None
             try:
