@@ -117,7 +117,6 @@ class PushEndpoint:
     ) -> None:
         self.controller = controller
         self.auth = auth
-        self.stats = {"accepted": 0, "refused": 0}
         self.codes: Counter[int] = Counter()  # answers by HTTP status
         # Token check to answer, body read included (a slow sender makes a slow push).
         self.seconds = Histogram(
@@ -136,7 +135,6 @@ class PushEndpoint:
         resp = await self._handle(request)
         self.seconds.observe(time.perf_counter() - start)
         self.codes[resp.status] += 1
-        self.stats["accepted" if resp.status == 200 else "refused"] += 1
         if resp.status != 200:
             log.info("push %s refused: %d %s", request.path, resp.status, resp.text)
         return resp
