@@ -8,7 +8,8 @@ unreachable: 503 (not cached).
 
 Anyone who reaches the port can send a new token with every request, and each costs the API server
 two reviews. So the reviews have a budget of their own, apart from everything else the process
-sends (its Lease renewals above all):
+sends (its Lease renewals above all; the engine is review_budget.py, which the progress push
+endpoint's token check shares):
 
 - their own client (`MetricsAuth.with_own_client`: session, connection pool and no share of the
   process's client-side rate limit), a short timeout and no retries;
