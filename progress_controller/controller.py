@@ -148,6 +148,7 @@ class _JobState:
     pushed: tuple[str, ProgressRecord] | None = None
     last_push: float | None = None  # when the latest push arrived (clock time)
     push_interval: float | None = None  # seconds between the last two pushes
+    running: bool = False  # its rank-0 pod ran at the last reconcile (read by exec or push)
 
 
 # Exec transport failures (API server or node hiccups), not the file's content: one in a row is
@@ -252,7 +253,9 @@ class ProgressController:
         self.pushes = 0  # accepted pushes (push.py); apart from `stats`, which /metrics exports
         self.manager = manager
         manager.metrics.registry.register(
-            ProgressCollector(self.job_statuses, self.stats, lambda: manager.is_leader)
+            ProgressCollector(
+                self.job_statuses, self.stats, lambda: manager.is_leader, feeds=self.job_feeds
+            )
         )
 
     def accept_push(self, key: str, pod_uid: str, record: ProgressRecord) -> None:
@@ -299,6 +302,17 @@ class ProgressController:
                 continue
             tp = self.stored(key, tp)
             yield namespace_of(tp), name_of(tp), tp.get("status") or {}
+
+    def job_feeds(self) -> dict[str, int]:
+        """Running jobs by what feeds their status now: `push` while their pushes are fresh (no
+        exec read meanwhile: schedule.push_fresh_until), else `poll` (exec reads)."""
+        now = self.clock.now()
+        feeds = {"push": 0, "poll": 0}
+        for st in list(self._state.values()):
+            if st.running:
+                fresh = now < push_fresh_until(st.last_push, st.push_interval, self.settings.early)
+                feeds["push" if fresh else "poll"] += 1
+        return feeds
 
     def stored(self, key: str, tp: KubeObject) -> KubeObject:
         """The newer of the cached TrainingProgress and the one this controller last wrote (the
@@ -466,7 +480,7 @@ class ProgressController:
         outcome = d.job_outcome(job)
         pod = d.rank0_pod(pods, kind)
         container = d.target_container(pod, kind) if pod is not None else None
-        running = False
+        running = state.running = False
         hold = False  # a first transient exec failure: keep the stored status as it is
         frequency = d.DEFAULT_UPDATE_FREQUENCY
         if pod is None or container is None:
@@ -489,7 +503,7 @@ class ProgressController:
                     except ReadError as e:
                         obs.error_reason, obs.error_message = e.reason, e.message
             elif cs.state == "running" and outcome is None:
-                running = True
+                running = state.running = True
                 pushed, state.pushed = state.pushed, None
                 if pushed is not None and pushed[0] != pod_uid:
                     pushed = None  # from a pod that is no longer rank 0 (replaced since)

@@ -239,7 +239,9 @@ async def run(args: argparse.Namespace) -> None:
     PolicyStatusController(manager, progress.policies, progress.namespaces)
     if args.progress_push_port:
         # Token reviews on a client and budget of their own (push_auth.py).
-        push = PushEndpoint(progress, PushAuth.with_own_client(client))
+        push = PushEndpoint(
+            progress, PushAuth.with_own_client(client), registry=manager.metrics.registry
+        )
         cert_dir = args.progress_push_cert_dir or None
         port = args.progress_push_port
         manager.add_runnable(

@@ -132,6 +132,28 @@ CONTROLLER_COUNTERS: dict[str, tuple[str, str]] = {
 }
 
 
+# The push endpoint's (push.py) counters, exported by every replica (a follower answers 503s).
+PUSHES = "kubeckpt_progress_pushes"  # by `code`: 200, or the refusal's HTTP status
+# name (without _total) -> (ReviewBudget.stats key, help)
+PUSH_REVIEW_COUNTERS: dict[str, tuple[str, str]] = {
+    "kubeckpt_progress_push_token_reviews": ("reviews", "TokenReviews sent for push tokens"),
+    "kubeckpt_progress_push_token_cache_hits": (
+        "cached",
+        "Push tokens answered from the review cache (no TokenReview)",
+    ),
+    "kubeckpt_progress_push_token_joined": (
+        "joined",
+        "Push tokens answered by a TokenReview of the same token already in flight",
+    ),
+    "kubeckpt_progress_push_budget_refusals": (
+        "over_budget",
+        "Pushes refused 429: new tokens beyond the TokenReview budget",
+    ),
+}
+PUSH_SECONDS = "kubeckpt_progress_push_seconds"  # histogram: push.py declares it
+JOB_FEEDS = "kubeckpt_progress_jobs"  # gauge by `feed`: push (fresh pushes) or poll (exec)
+
+
 def job_samples(status: dict, now: float) -> dict[str, float]:
     """The per-job gauge values a TrainingProgress status gives (absent fields: no sample)."""
     out = {}
@@ -150,14 +172,20 @@ class ProgressCollector(Collector):
     series, and only the leader (`leading`) has them. A follower's cache holds the same statuses
     (the leader's writes); exporting them too would double every job's series under the
     replicas' pod labels. `counters` are the controller's running totals (CONTROLLER_COUNTERS'
-    keys)."""
+    keys); `feeds`, the running jobs by what feeds them (`push`, `poll`), also the leader's
+    only."""
 
     def __init__(
-        self, statuses: JobStatuses, counters: Mapping[str, int], leading: Callable[[], bool]
+        self,
+        statuses: JobStatuses,
+        counters: Mapping[str, int],
+        leading: Callable[[], bool],
+        feeds: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.statuses = statuses
         self.counters = counters
         self.leading = leading
+        self.feeds = feeds
 
     def collect(self) -> Iterator[Any]:
         fams = {
@@ -171,3 +199,32 @@ class ProgressCollector(Collector):
         yield from fams.values()
         for name, (key, help_) in CONTROLLER_COUNTERS.items():
             yield CounterMetricFamily(name, help_, value=self.counters[key])
+        if self.feeds is not None:
+            jobs = GaugeMetricFamily(
+                JOB_FEEDS,
+                "Running jobs by what feeds their status: push (pushes arrive, no exec) or poll",
+                labels=["feed"],
+            )
+            if self.leading():
+                for feed, n in self.feeds().items():
+                    jobs.add_metric([feed], n)
+            yield jobs
+
+
+class PushCollector(Collector):
+    """The push endpoint's totals at scrape time: pushes by answer (`codes`: HTTP status ->
+    count) and its token reviews (`reviews`: ReviewBudget.stats)."""
+
+    def __init__(self, codes: Mapping[int, int], reviews: Mapping[str, int]) -> None:
+        self.codes = codes
+        self.reviews = reviews
+
+    def collect(self) -> Iterator[Any]:
+        pushes = CounterMetricFamily(
+            PUSHES, "Progress pushes by answer (200, or the refusal's HTTP status)", labels=["code"]
+        )
+        for code, n in sorted(self.codes.items()):
+            pushes.add_metric([str(code)], n)
+        yield pushes
+        for name, (key, help_) in PUSH_REVIEW_COUNTERS.items():
+            yield CounterMetricFamily(name, help_, value=self.reviews[key])

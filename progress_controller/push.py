@@ -28,13 +28,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram
 
 from trainer_runtime.contract.progress import MAX_PROGRESS_BYTES
 
 from . import discovery as d
+from .metrics import PUSH_SECONDS, PushCollector
 from .push_auth import PodIdentity, PushAuth, Refusal
 from .push_body import PushBodyError, parse_push
 
@@ -101,12 +105,25 @@ async def read_capped(request: web.Request, limit: int) -> bytes | None:
 
 
 class PushEndpoint:
-    """The aiohttp handler; `controller` holds the caches and the write path."""
+    """The aiohttp handler; `controller` holds the caches and the write path. With `registry`
+    (the manager's, served on its /metrics), its counters and latency are exported there
+    (metrics.PushCollector, PUSH_SECONDS)."""
 
-    def __init__(self, controller: ProgressController, auth: PushAuth) -> None:
+    def __init__(
+        self,
+        controller: ProgressController,
+        auth: PushAuth,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.controller = controller
         self.auth = auth
-        self.stats = {"accepted": 0, "refused": 0}
+        self.codes: Counter[int] = Counter()  # answers by HTTP status
+        # Token check to answer, body read included (a slow sender makes a slow push).
+        self.seconds = Histogram(
+            PUSH_SECONDS, "Seconds to handle a progress push, read to answer", registry=registry
+        )
+        if registry is not None:
+            registry.register(PushCollector(self.codes, auth.stats))
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -114,8 +131,10 @@ class PushEndpoint:
         return app
 
     async def handle(self, request: web.Request) -> web.Response:
+        start = time.perf_counter()
         resp = await self._handle(request)
-        self.stats["accepted" if resp.status == 200 else "refused"] += 1
+        self.seconds.observe(time.perf_counter() - start)
+        self.codes[resp.status] += 1
         if resp.status != 200:
             log.info("push %s refused: %d %s", request.path, resp.status, resp.text)
         return resp

@@ -7,16 +7,15 @@ the API server's own audience, or of Trainer's, is refused: 401), and which pod 
 to that pod (push.py).
 
 Anyone who reaches the port can send a new token each time and each costs the API server a review,
-so reviews have a budget of their own (as metrics_auth's): their own client, at most `rate` new
-reviews per second (burst `burst`) and `max_in_flight` at once, beyond that 429 at once; answers
-cached by a hash of the token (never the token): a valid one until shortly before the token's own
-`exp` (so an expired token is never accepted from the cache), a refused one for `negative_ttl`.
-Concurrent requests with the same token share one review.
+so reviews have a budget of their own, the engine metrics_auth's uses (reconciler/review_budget.py):
+their own client, at most `rate` new reviews per second (burst `burst`) and `max_in_flight` at
+once, beyond that 429 at once; answers cached by a hash of the token (never the token): a valid one
+until shortly before the token's own `exp` (so an expired token is never accepted from the cache),
+a refused one for `negative_ttl`. Concurrent requests with the same token share one review.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -25,9 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from reconciler.clock import REAL_CLOCK, Clock
-from reconciler.errors import KubeError
-from reconciler.metrics_auth import TOKEN_REVIEWS, ExpiringCache
-from reconciler.ratelimit import TokenBucket
+from reconciler.metrics_auth import TOKEN_REVIEWS
+from reconciler.review_budget import ReviewBudget, Verdict
 
 PUSH_AUDIENCE: Final = "kubeckpt-progress"
 POD_NAME_EXTRA: Final = "authentication.kubernetes.io/pod-name"
@@ -111,17 +109,20 @@ class PushAuth:
         self.max_ttl = max_ttl
         self.expiry_margin = expiry_margin
         self.negative_ttl = negative_ttl
-        self.max_entries = max_entries
-        self.max_in_flight = max_in_flight
-        self.review_timeout = review_timeout
-        self._clock = clock
         self._owns_client = owns_client
-        self._budget = TokenBucket(rate, burst, clock)
-        # Kept apart, so that a flood of bad tokens cannot push out the good ones.
-        self._valid: ExpiringCache[str, Answer] = ExpiringCache(max_entries)
-        self._refused: ExpiringCache[str, Answer] = ExpiringCache(max_entries)
-        self._pending: dict[str, asyncio.Task[Answer]] = {}
-        self.stats = {"reviews": 0, "cached": 0, "joined": 0, "over_budget": 0}
+        self.reviews: ReviewBudget[str, Answer] = ReviewBudget(
+            over_budget=Refusal(429, "too many new tokens to check now: retry shortly"),
+            unavailable=lambda e: Refusal(
+                503, f"cannot check the token with the API server: {type(e).__name__}"
+            ),
+            max_entries=max_entries,
+            rate=rate,
+            burst=burst,
+            max_in_flight=max_in_flight,
+            review_timeout=review_timeout,
+            clock=clock,
+        )
+        self.stats = self.reviews.stats
 
     @classmethod
     def with_own_client(cls, client: Any, **kw: Any) -> PushAuth:
@@ -136,17 +137,9 @@ class PushAuth:
         return cls(own, owns_client=True, **kw)
 
     async def close(self) -> None:
-        for task in list(self._pending.values()):
-            task.cancel()
+        self.reviews.cancel()
         if self._owns_client:
             await self.client.close()
-
-    def _cached(self, key: str, now: float) -> Answer | None:
-        return self._valid.get(key, now) or self._refused.get(key, now)
-
-    def _put(self, key: str, answer: Answer, until: float) -> None:
-        cache = self._valid if isinstance(answer, PodIdentity) else self._refused
-        cache.put(key, answer, until)
 
     async def check(self, authorization: str) -> Answer:
         """The pod the request's `Authorization: Bearer` token is bound to, or a Refusal."""
@@ -155,48 +148,24 @@ class PushAuth:
         if scheme.lower() != "bearer" or not token:
             return Refusal(401, "a bearer token is required")
         key = hashlib.sha256(token.encode()).hexdigest()
-        hit = self._cached(key, self._clock.now())
-        if hit is not None:
-            self.stats["cached"] += 1
-            return hit
-        task = self._pending.get(key)
-        if task is not None:
-            self.stats["joined"] += 1
-        else:
-            if len(self._pending) >= self.max_in_flight or not self._budget.try_take():
-                self.stats["over_budget"] += 1
-                return Refusal(429, "too many new tokens to check now: retry shortly")
-            task = asyncio.create_task(self._resolve(key, token))
-            self._pending[key] = task
-        return await asyncio.shield(task)
+        return await self.reviews.answer(key, lambda: self._verdict(token))
 
-    async def _resolve(self, key: str, token: str) -> Answer:
-        try:
-            async with asyncio.timeout(self.review_timeout):
-                self.stats["reviews"] += 1
-                review = await self.client.request(
-                    "POST",
-                    TOKEN_REVIEWS,
-                    json_body={
-                        "apiVersion": "authentication.k8s.io/v1",
-                        "kind": "TokenReview",
-                        "spec": {"token": token, "audiences": [self.audience]},
-                    },
-                )
-        except (KubeError, OSError, TimeoutError) as e:  # not cached: the next push asks again
-            return Refusal(503, f"cannot check the token with the API server: {type(e).__name__}")
-        finally:
-            self._pending.pop(key, None)
+    async def _verdict(self, token: str) -> Verdict[Answer]:
+        review = await self.client.request(
+            "POST",
+            TOKEN_REVIEWS,
+            json_body={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenReview",
+                "spec": {"token": token, "audiences": [self.audience]},
+            },
+        )
         answer = identity_of(review, self.audience)
-        now = self._clock.now()
-        if isinstance(answer, PodIdentity):
-            until = now + self.max_ttl
-            exp = token_exp(token)
-            if exp is not None:
-                # The clock is monotonic: the wall-clock exp becomes a lifetime from now.
-                until = min(until, now + (exp - time.time()) - self.expiry_margin)
-            if until > now:
-                self._put(key, answer, until)
-        else:
-            self._put(key, answer, now + self.negative_ttl)
-        return answer
+        if not isinstance(answer, PodIdentity):
+            return Verdict(answer, False, self.negative_ttl)
+        ttl = self.max_ttl
+        exp = token_exp(token)
+        if exp is not None:
+            # The clock is monotonic: the wall-clock exp becomes a lifetime from now.
+            ttl = min(ttl, exp - time.time() - self.expiry_margin)
+        return Verdict(answer, True, ttl)  # ttl <= 0: valid now, not cached

@@ -28,11 +28,11 @@ from trainer_runtime.contract.progress import (
     MAX_NESTING,
     MAX_PROGRESS_BYTES,
     ProgressRecord,
-    _nesting,
-    _reject_constant,
     format_rfc3339,
+    json_nesting,
     parse_progress,
     parse_rfc3339,
+    reject_json_constant,
 )
 
 TRAINER_STATUS: Final = "trainerStatus"
@@ -151,10 +151,10 @@ def _load(data: bytes) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise PushBodyError(f"the body is not valid UTF-8: {e}") from None
-    if _nesting(text) > MAX_NESTING:
+    if json_nesting(text) > MAX_NESTING:
         raise PushBodyError(f"the body is nested over {MAX_NESTING} deep")
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=reject_json_constant)
     except (ContractError, ValueError, RecursionError) as e:
         raise PushBodyError(f"the body is not valid JSON: {e}") from None
 

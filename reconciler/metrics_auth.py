@@ -8,7 +8,8 @@ unreachable: 503 (not cached).
 
 Anyone who reaches the port can send a new token with every request, and each costs the API server
 two reviews. So the reviews have a budget of their own, apart from everything else the process
-sends (its Lease renewals above all):
+sends (its Lease renewals above all; the engine is review_budget.py, which the progress push
+endpoint's token check shares):
 
 - their own client (`MetricsAuth.with_own_client`: session, connection pool and no share of the
   process's client-side rate limit), a short timeout and no retries;
@@ -26,20 +27,17 @@ own ServiceAccount needs `create` on tokenreviews and subjectaccessreviews (the 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import ssl
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from aiohttp import web
 
 from .clock import REAL_CLOCK, Clock
-from .errors import KubeError
 from .pem_files import pem_paths
-from .ratelimit import TokenBucket
+from .review_budget import ReviewBudget, Verdict
 
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
@@ -47,36 +45,6 @@ ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _Key = tuple[str, str, str]
 _Answer = tuple[int, str]
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class ExpiringCache(Generic[K, V]):
-    """Answers by key until they expire; at most `size`, the least recently used out first.
-    (The metrics endpoint's reviews and the progress push endpoint's share it.)"""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
-
-    def get(self, key: K, now: float) -> V | None:
-        hit = self._items.get(key)
-        if hit is None:
-            return None
-        if hit[0] <= now:
-            del self._items[key]
-            return None
-        self._items.move_to_end(key)
-        return hit[1]
-
-    def put(self, key: K, answer: V, until: float) -> None:
-        self._items[key] = (until, answer)
-        self._items.move_to_end(key)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 class MetricsAuth:
@@ -102,15 +70,22 @@ class MetricsAuth:
         self.client = client
         self.ttl = ttl
         self.negative_ttl = negative_ttl
-        self.max_in_flight = max_in_flight
-        self.review_timeout = review_timeout
-        self._clock = clock
         self._owns_client = owns_client
-        self._allowed: ExpiringCache[_Key, _Answer] = ExpiringCache(max_entries)
-        self._refused: ExpiringCache[_Key, _Answer] = ExpiringCache(max_entries)
-        self._budget = TokenBucket(rate, burst, clock)
-        self._pending: dict[_Key, asyncio.Task[_Answer]] = {}
-        self.stats = {"reviews": 0, "cached": 0, "joined": 0, "over_budget": 0}
+        # The budget, the caches (allowed and refused apart) and the joining (review_budget.py).
+        self.reviews: ReviewBudget[_Key, _Answer] = ReviewBudget(
+            over_budget=(429, "too many new tokens to check now: retry shortly"),
+            unavailable=lambda e: (
+                503,
+                f"cannot check the token with the API server: {type(e).__name__}",
+            ),
+            max_entries=max_entries,
+            rate=rate,
+            burst=burst,
+            max_in_flight=max_in_flight,
+            review_timeout=review_timeout,
+            clock=clock,
+        )
+        self.stats = self.reviews.stats
 
     @classmethod
     def with_own_client(cls, client: Any, **kw: Any) -> MetricsAuth:
@@ -127,8 +102,7 @@ class MetricsAuth:
         return cls(own, owns_client=True, **kw)
 
     async def close(self) -> None:
-        for task in list(self._pending.values()):
-            task.cancel()
+        self.reviews.cancel()
         if self._owns_client:
             await self.client.close()
 
@@ -141,40 +115,14 @@ class MetricsAuth:
             return 401, "a bearer token is required"
         verb = request.method.lower()
         key = (hashlib.sha256(token.encode()).hexdigest(), request.path, verb)
-        now = self._clock.now()
-        for cache in (self._allowed, self._refused):
-            if (hit := cache.get(key, now)) is not None:
-                self.stats["cached"] += 1
-                return hit
-        task = self._pending.get(key)
-        if task is not None:
-            self.stats["joined"] += 1
-        else:
-            if len(self._pending) >= self.max_in_flight or not self._budget.try_take():
-                self.stats["over_budget"] += 1
-                return 429, "too many new tokens to check now: retry shortly"
-            task = asyncio.create_task(self._resolve(key, token, request.path, verb))
-            self._pending[key] = task
-        # Shielded: a scraper that goes away does not cancel the review others wait on.
-        return await asyncio.shield(task)
+        return await self.reviews.answer(key, lambda: self._verdict(token, request.path, verb))
 
-    async def _resolve(self, key: _Key, token: str, path: str, verb: str) -> _Answer:
-        try:
-            async with asyncio.timeout(self.review_timeout):
-                status, reason = await self._review(token, path, verb)
-        except (KubeError, OSError, TimeoutError) as e:  # not cached: the next scrape asks again
-            return 503, f"cannot check the token with the API server: {type(e).__name__}"
-        finally:
-            self._pending.pop(key, None)
-        now = self._clock.now()
-        if status == 200:
-            self._allowed.put(key, (status, reason), now + self.ttl)
-        else:
-            self._refused.put(key, (status, reason), now + self.negative_ttl)
-        return status, reason
+    async def _verdict(self, token: str, path: str, verb: str) -> Verdict[_Answer]:
+        status, reason = await self._review(token, path, verb)
+        ok = status == 200
+        return Verdict((status, reason), ok, self.ttl if ok else self.negative_ttl)
 
     async def _review(self, token: str, path: str, verb: str) -> _Answer:
-        self.stats["reviews"] += 1
         review = await self.client.request(
             "POST",
             TOKEN_REVIEWS,

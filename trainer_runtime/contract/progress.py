@@ -498,7 +498,9 @@ class ProgressRecord:
         return value if math.isfinite(value) and value >= 0 else None
 
 
-def _reject_constant(name: str) -> Any:
+def reject_json_constant(name: str) -> Any:
+    """`json.loads(..., parse_constant=)`: NaN and Infinity are not JSON (the push endpoint's
+    body parser uses it too)."""
     raise ContractError(f"progress file is not valid JSON: {name} is not allowed")
 
 
@@ -506,8 +508,9 @@ def _reject_constant(name: str) -> Any:
 MAX_NESTING = 32
 
 
-def _nesting(text: str) -> int:
-    """How deep arrays and objects nest in `text` (JSON), brackets inside strings not counted."""
+def json_nesting(text: str) -> int:
+    """How deep arrays and objects nest in `text` (JSON), brackets inside strings not counted;
+    checked before `json.loads` (here and by the push endpoint), whose recursion it bounds."""
     if text.count("[") + text.count("{") <= MAX_NESTING:
         return 0  # cannot be deeper: the common case costs two counts
     depth = deepest = 0
@@ -553,12 +556,12 @@ def parse_progress(data: bytes | bytearray | memoryview | str) -> ProgressRecord
             text = bytes(data).decode("utf-8")
         except UnicodeDecodeError as e:
             raise ContractError(f"progress file is not valid UTF-8: {e}") from None
-    if _nesting(text) > MAX_NESTING:
+    if json_nesting(text) > MAX_NESTING:
         # Checked here, not left to json's RecursionError: that depends on the interpreter's
         # recursion limit, which other code (hypothesis, for one) raises for a while.
         raise ContractError(f"progress file is not valid JSON: nested over {MAX_NESTING} deep")
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=reject_json_constant)
     except json.JSONDecodeError as e:
         raise ContractError(f"progress file is not valid JSON: {e}") from None
     except RecursionError:

@@ -77,7 +77,7 @@ async def test_answers_are_cached_by_token_hash_allowed_long_refused_briefly() -
     assert (await auth.check(req("stolen")))[0] == 401 and len(api.calls) == 4  # refusal expired
     clock.step(56)
     assert (await auth.check(req(GOOD)))[0] == 200 and len(api.calls) == 6  # allowance expired
-    cached = repr(auth._allowed._items) + repr(auth._refused._items)
+    cached = repr(auth.reviews.good._items) + repr(auth.reviews.refused._items)
     assert GOOD not in cached and "stolen" not in cached  # only hashes are kept
 
 
@@ -94,7 +94,7 @@ async def test_a_flood_of_new_tokens_is_answered_429_beyond_the_budget() -> None
     # The good token is still answered from its cache, however many bad ones were seen.
     n = len(api.calls)
     assert (await auth.check(req(GOOD)))[0] == 200 and len(api.calls) == n
-    assert len(auth._refused) <= 50
+    assert len(auth.reviews.refused) <= 50
 
 
 async def test_concurrent_requests_with_one_token_share_one_review() -> None:
