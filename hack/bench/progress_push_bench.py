@@ -1,0 +1,508 @@
+"""Progress push at scale (issue 26): N PyTorchJobs on KWOK whose master pods POST their progress
+to kubeckpt-reconciler's push endpoint every `--update` seconds.
+
+Usage: python hack/bench/progress_push_bench.py [--jobs 5000] [--update 10] [--measure SECONDS]
+           [--generators 2] [-- extra kubeckpt-reconciler flags, e.g. --qps 600]
+
+Set-up is progress_bench's (suspended jobs, two pods each bound to KWOK nodes, a KWOK Exec and a
+progress file at step 1 per master, so the first status comes from an exec read as it would in a
+cluster). Then, per master pod, a token from the TokenRequest API bound to that pod with the
+audience the webhook injects (`kubeckpt-progress`), so every new token costs the endpoint a real
+TokenReview. The endpoint serves a certificate of a CA made for the run; the load generators
+verify it.
+
+The load generators are processes of their own (asyncio + aiohttp, keep-alive): each pushes its
+share of the jobs' records (Trainer's `trainerStatus` shape, what KubeflowCallback sends) once per
+period, each job at its own phase in the period, and records when each push was due, sent and
+answered. A refused push is not retried: the job's next push follows a period later. The file
+keeps step 1, so a status showing a later step can only have come from a push.
+
+The window starts once every job's status shows a pushed step (the token reviews of the warm-up
+have their own budget: 20 new tokens/s by default) and lasts `--measure` seconds. Reported:
+freshness (push sent -> a watch sees the TrainingProgress status at that step or later) p50/p95/
+max; pushes by HTTP code; status writes per job per update (seen by the watch, and the
+controller's own count); the controller's API requests per job per minute by verb (its
+/metrics); its CPU and peak RSS (/proc); the generators' achieved rate and lateness (an
+overloaded generator shows there, not as a slow server).
+
+The peer, Kubeflow Trainer's own status server, is not run here: see docs/benchmarks.md (it
+verifies tokens by OIDC discovery of the API server's issuer, which a KWOK-only local cluster
+does not serve at a reachable address, and it reads its token and certificate at fixed in-pod
+paths; the local cluster runs it only with the real node).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import json
+import math
+import multiprocessing as mp
+import random
+import ssl
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "hack")]
+
+from bench import progress_bench as pb  # noqa: E402
+
+PUSH_AUDIENCE = "kubeckpt-progress"  # webhook/push_injection.py
+TOKEN_SECONDS = 3600  # outlives the run: the bench measures steady state, not token renewal
+
+# --- pure helpers (unit-tested) ---
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 1]) of `values`; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def phases(n: int, *, random_phase: bool, seed: int = 7) -> list[float]:
+    """Each job's push time as a fraction of the period: spread evenly in job order, or at a
+    fixed random offset per job."""
+    if random_phase:
+        rng = random.Random(seed)
+        return [rng.random() for _ in range(n)]
+    return [i / n for i in range(n)] if n else []
+
+
+def due_times(start: float, period: float, phase: float, until: float) -> list[float]:
+    """When one job's pushes are due: start + (k + phase) x period, before `until`."""
+    out = []
+    k = 0
+    while (t := start + (k + phase) * period) < until:
+        out.append(t)
+        k += 1
+    return out
+
+
+def trainer_body(step: int, total: int = 100000) -> bytes:
+    """A push in Trainer's `UpdateTrainJobStatusRequest` shape, as KubeflowCallback sends it."""
+    return json.dumps(
+        {
+            "trainerStatus": {
+                "progressPercentage": min(100, step * 100 // total),
+                "estimatedRemainingSeconds": max(0, total - step),
+                "metrics": [
+                    {"name": "current_step", "value": str(step)},
+                    {"name": "total_steps", "value": str(total)},
+                    {"name": "loss", "value": f"{1 / (step + 1):.4f}"},
+                ],
+                "lastUpdatedTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        }
+    ).encode()
+
+
+@dataclass(frozen=True)
+class Push:
+    job: str
+    step: int
+    due: float
+    sent: float
+    done: float
+    code: int  # HTTP status; 0: no answer (connection error or timeout)
+
+
+def freshness(pushes: list[Push], seen: dict[str, list[tuple[float, int]]]) -> tuple[list, int]:
+    """Per accepted push, seconds from sending it to the first status seen at its step or later
+    (`seen[job]`: (time, step) in time order, steps never decreasing); and how many accepted
+    pushes no status showed."""
+    lags, unseen = [], 0
+    for p in pushes:
+        if p.code != 200:
+            continue
+        events = seen.get(p.job) or []
+        i = bisect.bisect_left([s for _, s in events], p.step)
+        if i == len(events):
+            unseen += 1
+            continue
+        lags.append(max(0.0, events[i][0] - p.sent))
+    return lags, unseen
+
+
+# --- the load generator (a process of its own) ---
+
+
+def generator_main(
+    base_url: str,
+    ca_file: str,
+    jobs: list[tuple[str, str, float]],
+    update: float,
+    start: float,
+    stop: Any,
+    out_file: str,
+    connections: int,
+) -> None:
+    """Push each (job, token, phase) once per `update` from `start` (time.monotonic, which is one
+    clock for every process of the host) until `stop` is set; write the pushes to `out_file`."""
+    pushes = asyncio.run(_generate(base_url, ca_file, jobs, update, start, stop, connections))
+    Path(out_file).write_text(json.dumps([list(p.__dict__.values()) for p in pushes]))
+
+
+async def _generate(
+    base_url: str,
+    ca_file: str,
+    jobs: list[tuple[str, str, float]],
+    update: float,
+    start: float,
+    stop: Any,
+    connections: int,
+) -> list[Push]:
+    import aiohttp
+
+    ctx = ssl.create_default_context(cafile=ca_file)
+    conn = aiohttp.TCPConnector(limit=connections, ssl=ctx, keepalive_timeout=60)
+    timeout = aiohttp.ClientTimeout(total=30)
+    pushes: list[Push] = []
+    tasks: set[asyncio.Task[None]] = set()
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i][2])
+    path = "/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs/{name}/status"
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+
+        async def send(name: str, token: str, step: int, due: float) -> None:
+            body = trainer_body(step)
+            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+            sent = time.monotonic()
+            code = 0
+            try:
+                async with session.post(
+                    base_url + path.format(ns=pb.NS, name=name), data=body, headers=headers
+                ) as resp:
+                    await resp.read()
+                    code = resp.status
+            except (aiohttp.ClientError, TimeoutError):
+                code = 0
+            pushes.append(Push(name, step, due, sent, time.monotonic(), code))
+
+        k = 0
+        while not stop.is_set():
+            period_start = start + k * update
+            for i in order:
+                name, token, phase = jobs[i]
+                due = period_start + phase * update
+                if (delay := due - time.monotonic()) > 0:
+                    await asyncio.sleep(delay)
+                if stop.is_set():
+                    break
+                t = asyncio.create_task(send(name, token, 2 + k, due))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+            k += 1
+        if tasks:
+            await asyncio.wait(tasks, timeout=35)
+    return pushes
+
+
+# --- set-up and measurement (this process) ---
+
+
+def make_certs(d: Path) -> Path:
+    """A CA for the run and the endpoint's certificate for 127.0.0.1/localhost (tls.crt/tls.key
+    in `d`, as --progress-push-cert-dir reads); returns the CA's file."""
+    from localcluster import pki
+
+    d.mkdir(parents=True, exist_ok=True)
+    ca = pki.make_ca("kubeckpt-push-bench-ca")
+    ca.write(d, "ca")
+    pki.issue(ca, "localhost", dns_names=("localhost",), ips=("127.0.0.1",), server=True).write(
+        d, "tls"
+    )
+    return d / "ca.crt"
+
+
+async def pod_tokens(client: Any, jobs: int) -> dict[str, str]:
+    """Per job, a token bound to its master pod (TokenRequest), of the push audience."""
+    from reconciler.resources import PODS
+
+    pods = await client.api(PODS).list_all(
+        pb.NS, label_selector="training.kubeflow.org/replica-type=master"
+    )
+    out: dict[str, str] = {}
+
+    async def one(pod: dict) -> None:
+        md, spec = pod["metadata"], pod["spec"]
+        sa = spec.get("serviceAccountName") or "default"
+        review = await client.request(
+            "POST",
+            f"/api/v1/namespaces/{pb.NS}/serviceaccounts/{sa}/token",
+            json_body={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {
+                    "audiences": [PUSH_AUDIENCE],
+                    "expirationSeconds": TOKEN_SECONDS,
+                    "boundObjectRef": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": md["name"],
+                        "uid": md["uid"],
+                    },
+                },
+            },
+        )
+        out[md["labels"]["training.kubeflow.org/job-name"]] = review["status"]["token"]
+
+    await pb.gather_bounded(32, (one(p) for p in pods.items))
+    if len(out) != jobs:
+        raise SystemExit(f"tokens for {len(out)} jobs, expected {jobs}")
+    return out
+
+
+def read_pushes(files: list[Path]) -> list[Push]:
+    out = []
+    for f in files:
+        out += [Push(*row) for row in json.loads(f.read_text())]
+    return out
+
+
+def rnd(x: float | None, digits: int = 2) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+async def main() -> None:
+    from localcluster import LocalCluster
+    from localcluster.processes import free_port
+    from reconciler import Client, Informer
+    from reconciler.config import load_kubeconfig
+    from reconciler.informer import EventHandler
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--jobs", type=int, default=5000)
+    ap.add_argument("--update", type=float, default=10.0, help="seconds between a job's pushes")
+    ap.add_argument("--measure", type=float, default=None, help="default max(120, 12 x update)")
+    ap.add_argument("--generators", type=int, default=2, help="load generator processes")
+    ap.add_argument("--connections", type=int, default=64, help="per generator (keep-alive)")
+    ap.add_argument("--random-phase", action="store_true", help="default: phases in job order")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--warmup-timeout", type=float, default=900.0)
+    ap.add_argument("extra", nargs="*", help="extra kubeckpt-reconciler flags (after --)")
+    args = ap.parse_args()
+    if args.measure is None:
+        args.measure = max(120.0, 12 * args.update)
+
+    cluster = LocalCluster(nodes=3)
+    cluster.start()
+    proc = None
+    gens: list[mp.process.BaseProcess] = []
+    stop = mp.get_context("spawn").Event()
+    try:
+        pb.prepare(cluster)
+        cfg = load_kubeconfig(cluster.kubeconfig)
+        cfg.qps = None
+        work = cluster.workdir  # type: ignore[assignment]
+        assert work is not None
+        ca_file = make_certs(work / "push-certs")
+        async with Client(cfg) as client:
+            t0 = time.monotonic()
+            await pb.setup(client, work / "bench-exec", args.jobs, args.update)
+            tokens = await pod_tokens(client, args.jobs)
+            print(
+                f"setup: {args.jobs} jobs, {2 * args.jobs} pods, {len(tokens)} bound tokens "
+                f"in {time.monotonic() - t0:.0f}s",
+                flush=True,
+            )
+            metrics_port, push_port = free_port(), free_port()
+            proc = pb.spawn_reconciler(
+                cluster,
+                metrics_port,
+                [
+                    "--progress-push-port",
+                    str(push_port),
+                    "--progress-push-cert-dir",
+                    str(work / "push-certs"),
+                    *args.extra,
+                ],
+            )
+            tps = Informer(client.api(pb.TPS), namespace=pb.NS)
+            seen: dict[str, list[tuple[float, int]]] = {}
+            writes_seen: Counter[str] = Counter()
+
+            def on_tp(old: dict, new: dict | None = None) -> None:
+                obj = new if new is not None else old
+                st = obj.get("status") or {}
+                if new is not None and (old.get("status") or {}) == st:
+                    return  # not a status write
+                name = obj["metadata"]["name"]
+                writes_seen[name] += 1
+                if (step := st.get("step")) is not None:
+                    seen.setdefault(name, []).append((time.monotonic(), int(step)))
+
+            tps.add_handler(EventHandler(on_add=on_tp, on_update=on_tp))
+            tp_task = asyncio.create_task(tps.run())
+
+            def count_at(pred: Any) -> int:
+                return sum(1 for t in tps.store if pred((t.get("status") or {}).get("step")))
+
+            t0 = time.monotonic()
+            while count_at(lambda s: s == 1) < args.jobs:
+                if time.monotonic() - t0 > args.warmup_timeout:
+                    raise SystemExit("warm-up (exec reads at step 1) timed out")
+                await asyncio.sleep(1)
+            print(
+                f"every TrainingProgress at step 1 after {time.monotonic() - t0:.0f}s", flush=True
+            )
+
+            offsets = phases(args.jobs, random_phase=args.random_phase, seed=args.seed)
+            names = sorted(tokens)
+            shares: list[list[tuple[str, str, float]]] = [[] for _ in range(args.generators)]
+            for i, name in enumerate(names):
+                shares[i % args.generators].append((name, tokens[name], offsets[i]))
+            ctx = mp.get_context("spawn")
+            start = time.monotonic() + 3.0
+            out_files = [work / f"pushes-{g}.json" for g in range(args.generators)]
+            for g in range(args.generators):
+                p = ctx.Process(
+                    target=generator_main,
+                    args=(
+                        f"https://127.0.0.1:{push_port}",
+                        str(ca_file),
+                        shares[g],
+                        args.update,
+                        start,
+                        stop,
+                        str(out_files[g]),
+                        args.connections,
+                    ),
+                    name=f"push-generator-{g}",
+                )
+                p.start()
+                gens.append(p)
+            t0 = time.monotonic()
+            while count_at(lambda s: s is not None and s >= 2) < args.jobs:
+                if time.monotonic() - t0 > args.warmup_timeout:
+                    raise SystemExit("warm-up (every job's first push shown) timed out")
+                if any(not g.is_alive() for g in gens):
+                    raise SystemExit("a load generator died")
+                await asyncio.sleep(1)
+            print(
+                f"every TrainingProgress shows a pushed step {time.monotonic() - t0:.0f}s after "
+                "the first push",
+                flush=True,
+            )
+            w0 = time.monotonic()
+            before = pb.scrape(metrics_port)
+            cpu0, _ = pb.proc_stats(proc.pid)
+            writes_before = sum(writes_seen.values())
+            await asyncio.sleep(args.measure)
+            w1 = time.monotonic()
+            after = pb.scrape(metrics_port)
+            cpu1, hwm = pb.proc_stats(proc.pid)
+            writes_window = sum(writes_seen.values()) - writes_before
+            stop.set()
+            await asyncio.sleep(2 * args.update)  # the last pushes of the window show up
+            for g in gens:
+                await asyncio.to_thread(g.join, 60)
+            tp_task.cancel()
+        pushes = read_pushes(out_files)
+        window = [p for p in pushes if w0 <= p.sent < w1]
+        codes = Counter(p.code for p in window)
+        warm_codes = Counter(p.code for p in pushes if p.sent < w0)
+        lags, unseen = freshness(window, seen)
+        late = [p.sent - p.due for p in window]
+        elapsed = w1 - w0
+        minutes = elapsed / 60
+        updates = elapsed / args.update
+        verbs = {
+            v: round((after.get(v, 0) - before.get(v, 0)) / args.jobs / minutes, 3)
+            for v in after
+            if not v.startswith("progress_")
+        }
+        writes = after.get("progress_writes", 0) - before.get("progress_writes", 0)
+        result = {
+            "jobs": args.jobs,
+            "update_seconds": args.update,
+            "measure_seconds": round(elapsed),
+            "generators": args.generators,
+            "phase": "random" if args.random_phase else "job order",
+            "flags": args.extra,
+            "pushes_due_per_s": round(args.jobs / args.update, 1),
+            "pushes_sent_per_s": round(len(window) / elapsed, 1),
+            "push_lateness_p50_p95_max_s": [
+                rnd(percentile(late, 0.5), 3),
+                rnd(percentile(late, 0.95), 3),
+                rnd(max(late, default=None), 3),
+            ],
+            "push_answer_p95_s": rnd(percentile([p.done - p.sent for p in window], 0.95), 3),
+            "pushes_by_code": dict(sorted(codes.items())),
+            "warmup_pushes_by_code": dict(sorted(warm_codes.items())),
+            "freshness_samples": len(lags),
+            "freshness_unseen": unseen,
+            "freshness_p50_s": rnd(percentile(lags, 0.5)),
+            "freshness_p95_s": rnd(percentile(lags, 0.95)),
+            "freshness_max_s": rnd(max(lags, default=None)),
+            "status_writes_seen_per_job_per_update": round(writes_window / args.jobs / updates, 3),
+            "controller_writes_per_job_per_update": round(writes / args.jobs / updates, 3),
+            "api_requests_per_job_per_min_by_verb": verbs,
+            "api_requests_per_job_per_min": round(sum(verbs.values()), 3),
+            "controller_cpu_cores": round((cpu1 - cpu0) / elapsed, 3),
+            "controller_peak_rss_mb": round(hwm / 2**20),
+        }
+        print(json.dumps(result, indent=2))
+        print(summary(result))
+    finally:
+        stop.set()
+        for g in gens:
+            g.join(5)
+            if g.is_alive():
+                g.kill()
+        pb.stop_reconciler(proc)
+        cluster.stop()
+
+
+def summary(r: dict[str, Any]) -> str:
+    """One table: the figure, the issue's target beside it, and whether it is met."""
+
+    def verdict(ok: bool | None) -> str:
+        return "n/a" if ok is None else ("met" if ok else "MISSED")
+
+    p95 = r["freshness_p95_s"]
+    rows = [
+        (
+            "freshness p95",
+            f"{p95} s (p50 {r['freshness_p50_s']})",
+            "<= 15 s",
+            verdict(None if p95 is None else p95 <= 15),
+        ),
+        (
+            "controller peak RSS",
+            f"{r['controller_peak_rss_mb']} MiB",
+            "<= 600 MB",
+            verdict(r["controller_peak_rss_mb"] * 2**20 <= 600e6),
+        ),
+        (
+            "status writes per job per update",
+            f"{r['status_writes_seen_per_job_per_update']}",
+            "<= 1",
+            verdict(r["status_writes_seen_per_job_per_update"] <= 1.0),
+        ),
+        ("API requests per job per minute", f"{r['api_requests_per_job_per_min']}", "(report)", ""),
+        ("controller CPU", f"{r['controller_cpu_cores']} cores", "(report)", ""),
+        (
+            "generator rate sent / due",
+            f"{r['pushes_sent_per_s']} / {r['pushes_due_per_s']} per s "
+            f"({r['pushes_sent_per_s'] / r['pushes_due_per_s']:.2f})",
+            "1.00",
+            "",
+        ),
+        ("pushes by code", json.dumps(r["pushes_by_code"]), "all 200", ""),
+    ]
+    width = max(len(a) for a, *_ in rows)
+    lines = [f"{'':{width}}  figure | target | verdict"]
+    lines += [f"{a:{width}}  {b} | {c} | {d}" for a, b, c, d in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
