@@ -5,11 +5,11 @@ Usage: python hack/bench/progress_push_bench.py [--jobs 5000] [--update 10] [--m
            [--generators 2] [-- extra kubeckpt-reconciler flags, e.g. --qps 600]
 
 Set-up is progress_bench's (suspended jobs, two pods each bound to KWOK nodes, a KWOK Exec and a
-progress file at step 1 per master, so the first status comes from an exec read as it would in a
-cluster). Then, per master pod, a token from the TokenRequest API bound to that pod with the
-audience the webhook injects (`kubeckpt-progress`), so every new token costs the endpoint a real
-TokenReview. The endpoint serves a certificate of a CA made for the run; the load generators
-verify it.
+progress file at step 1 per master: exec pull stays the fallback, as in a cluster; pushes start
+once the reconciler has made every job's TrainingProgress). Then, per master pod, a token from
+the TokenRequest API bound to that pod with the audience the webhook injects
+(`kubeckpt-progress`), so every new token costs the endpoint a real TokenReview. The endpoint
+serves a certificate of a CA made for the run; the load generators verify it.
 
 The load generators are processes of their own (asyncio + aiohttp, keep-alive): each pushes its
 share of the jobs' records (Trainer's `trainerStatus` shape, what KubeflowCallback sends) once per
@@ -77,14 +77,12 @@ def phases(n: int, *, random_phase: bool, seed: int = 7) -> list[float]:
     return [i / n for i in range(n)] if n else []
 
 
-def due_times(start: float, period: float, phase: float, until: float) -> list[float]:
-    """When one job's pushes are due: start + (k + phase) x period, before `until`."""
-    out = []
-    k = 0
-    while (t := start + (k + phase) * period) < until:
-        out.append(t)
-        k += 1
-    return out
+def period_order(
+    offsets: list[float], start: float, period: float, k: int
+) -> list[tuple[float, int]]:
+    """Period `k`'s pushes: (when due, job index) in the order they fall due, each job at
+    start + (k + its phase) x period."""
+    return sorted((start + (k + ph) * period, i) for i, ph in enumerate(offsets))
 
 
 def trainer_body(step: int, total: int = 100000) -> bytes:
@@ -167,7 +165,7 @@ async def _generate(
     timeout = aiohttp.ClientTimeout(total=30)
     pushes: list[Push] = []
     tasks: set[asyncio.Task[None]] = set()
-    order = sorted(range(len(jobs)), key=lambda i: jobs[i][2])
+    offsets = [phase for _, _, phase in jobs]
     path = "/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs/{name}/status"
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
 
@@ -188,10 +186,8 @@ async def _generate(
 
         k = 0
         while not stop.is_set():
-            period_start = start + k * update
-            for i in order:
-                name, token, phase = jobs[i]
-                due = period_start + phase * update
+            for due, i in period_order(offsets, start, update, k):
+                name, token, _ = jobs[i]
                 if (delay := due - time.monotonic()) > 0:
                     await asyncio.sleep(delay)
                 if stop.is_set():
@@ -346,13 +342,13 @@ async def main() -> None:
                 return sum(1 for t in tps.store if pred((t.get("status") or {}).get("step")))
 
             t0 = time.monotonic()
-            while count_at(lambda s: s == 1) < args.jobs:
+            # Pods push from their start: the generators begin once every job has its
+            # TrainingProgress (a push before it is refused, 409), whatever exec reads did yet.
+            while len(tps.store) < args.jobs:
                 if time.monotonic() - t0 > args.warmup_timeout:
-                    raise SystemExit("warm-up (exec reads at step 1) timed out")
+                    raise SystemExit("warm-up (every job's TrainingProgress made) timed out")
                 await asyncio.sleep(1)
-            print(
-                f"every TrainingProgress at step 1 after {time.monotonic() - t0:.0f}s", flush=True
-            )
+            print(f"every TrainingProgress made after {time.monotonic() - t0:.0f}s", flush=True)
 
             offsets = phases(args.jobs, random_phase=args.random_phase, seed=args.seed)
             names = sorted(tokens)
