@@ -115,6 +115,10 @@ class LocalCluster:
     # (`start_real_node`), so that only the tests that need it wait for its images.
     real_node_optional: bool = False
     defer_real_node: bool = False
+    # Without a real node: the tokens' issuer is the API server's loopback address, so that OIDC
+    # discovery of it works from the host (Trainer's status server, run with the TrainJobStatus
+    # gate by the push benchmark). Off by default: the in-cluster name, as before.
+    loopback_issuer: bool = False
     binaries: Binaries | None = None
     workdir: Path | None = None
     keep_workdir: bool = False
@@ -520,6 +524,8 @@ class LocalCluster:
             issuers.insert(
                 0, f"--service-account-issuer=https://{NODE_IP}:{self.ports['apiserver']}"
             )
+        elif self.loopback_issuer:
+            issuers.insert(0, f"--service-account-issuer={self.server}")
         return [
             str(self.binaries.kube_apiserver),
             f"--etcd-servers={self.etcd_url}",

@@ -293,10 +293,11 @@ class TrainerStack:
         """`argv` in a mount namespace of its own that has what Trainer's status server reads at
         fixed paths in its pod: a service-account token (its issuer is how the server finds the
         keys to verify pods' tokens with) and its serving certificate. The host's /run and
-        /tmp/k8s-webhook-server stay untouched. Needs root (only a real node brings the gate)."""
+        /tmp/k8s-webhook-server stay untouched. Needs root, and an issuer the host can discover:
+        the real node's address, or the loopback one a KWOK-only cluster can be asked for."""
         c = self.cluster
         assert c.workdir is not None
-        if c.node is None:
+        if c.node is None and not c.loopback_issuer:
             raise NodeUnavailable(
                 "Trainer's TrainJobStatus gate needs the real node (its status server is reached "
                 "by pods, and verifies their tokens against the API server's node-address issuer)"
