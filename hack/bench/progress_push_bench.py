@@ -454,6 +454,12 @@ async def main() -> None:
     ap.add_argument(
         "--no-peer", dest="peer", action="store_false", help="skip Trainer's status server"
     )
+    ap.add_argument(
+        "--peer-status-qps",
+        type=float,
+        default=5.0,
+        help="Trainer's statusServer.qps (its default: 5; burst twice it)",
+    )
     ap.add_argument("extra", nargs="*", help="extra kubeckpt-reconciler flags (after --)")
     args = ap.parse_args()
     if args.measure is None:
@@ -533,11 +539,15 @@ async def trainer_phase(
     cluster: Any, client: Any, args: argparse.Namespace, work: Path, resource: Any
 ) -> dict[str, Any]:
     """The same pushes, for TrainJobs of the same names, to Trainer's status server (Trainer
-    v2.3.0 with its TrainJobStatus gate, its configured status client: 5 QPS, burst 10)."""
+    v2.3.0 with its TrainJobStatus gate; its status client at --peer-status-qps, burst twice
+    that: Trainer's defaults are 5 and 10)."""
     from reconciler import Informer
 
     t0 = time.monotonic()
-    trainer = await asyncio.to_thread(cluster.start_trainer, status_gate=True)
+    qps = args.peer_status_qps
+    trainer = await asyncio.to_thread(
+        cluster.start_trainer, status_gate=True, status_qps=qps, status_burst=max(1, int(2 * qps))
+    )
     trainjobs = client.api(resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"))
 
     async def create(i: int) -> None:
@@ -576,7 +586,9 @@ async def trainer_phase(
         None,
         3 * args.update + 10,  # no review budget to wait for; a slow server shows as unseen
     )
-    return await run_phase(ph, args, work)
+    result = await run_phase(ph, args, work)
+    result["status_client_qps_burst"] = [qps, max(1, int(2 * qps))]
+    return result
 
 
 def summary(results: list[dict[str, Any]]) -> str:

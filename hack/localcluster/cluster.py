@@ -217,13 +217,18 @@ class LocalCluster:
             self.timings.update({f"node_{k}": v for k, v in self.node.timings.items()})
         return self.node
 
-    def start_trainer(self, *, status_gate: bool = False) -> TrainerStack:
+    def start_trainer(
+        self, *, status_gate: bool = False, status_qps: float = 5.0, status_burst: int = 10
+    ) -> TrainerStack:
         """Kubeflow Trainer v2 and JobSet (kubeflow_trainer.py), started on first use; Trainer is
-        restarted when asked for the other TrainJobStatus gate setting. Starts the real node
-        first when there is one (Trainer's status server is reached through it)."""
+        restarted when asked for the other TrainJobStatus gate setting or other limits of its
+        status server's API client. Starts the real node first when there is one
+        (Trainer's status server is reached through it)."""
         if self.node is not None:
             self.start_real_node()
-        self.trainer.start(status_gate=status_gate)
+        self.trainer.start(
+            status_gate=status_gate, status_qps=status_qps, status_burst=status_burst
+        )
         return self.trainer
 
     def stop_trainer(self) -> None:
