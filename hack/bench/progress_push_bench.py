@@ -25,10 +25,12 @@ controller's own count); the controller's API requests per job per minute by ver
 /metrics); its CPU and peak RSS (/proc); the generators' achieved rate and lateness (an
 overloaded generator shows there, not as a slow server).
 
-The peer, Kubeflow Trainer's own status server, is not run here: see docs/benchmarks.md (it
-verifies tokens by OIDC discovery of the API server's issuer, which a KWOK-only local cluster
-does not serve at a reachable address, and it reads its token and certificate at fixed in-pod
-paths; the local cluster runs it only with the real node).
+The peer (unless --no-peer), in the same run after kubeckpt's window and with our reconciler
+stopped: Kubeflow Trainer v2.3.0's own status server (TrainJobStatus gate) taking the same pushes
+for suspended TrainJobs of the same names, with tokens of its per-TrainJob audience bound to the
+same pods. It verifies tokens by OIDC discovery of their issuer, so the cluster is started with
+`loopback_issuer=True` (an issuer the host can reach); Trainer runs in a mount namespace with its
+token and certificate at the fixed in-pod paths (root, as with the real node).
 """
 
 from __future__ import annotations
