@@ -217,6 +217,67 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
+def prepare(cluster: LocalCluster) -> None:
+    """The bench's namespace, and an address on each KWOK node (KWOK's exec needs one)."""
+    cluster.kubectl("create", "namespace", NS)
+    for i in range(3):
+        cluster.kubectl(
+            "patch",
+            "node",
+            f"kwok-node-{i}",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(
+                {
+                    "status": {
+                        "addresses": [
+                            {"type": "InternalIP", "address": "127.0.0.1"},
+                            {"type": "Hostname", "address": f"kwok-node-{i}"},
+                        ]
+                    }
+                }
+            ),
+        )
+
+
+def spawn_reconciler(
+    cluster: LocalCluster, metrics_port: int, extra: list[str]
+) -> subprocess.Popen[bytes]:
+    """kubeckpt-reconciler as its own process, its /metrics on plain HTTP (the bench reads its
+    own counters), its log in the cluster's workdir."""
+    script = Path(sys.executable).parent / "kubeckpt-reconciler"
+    log = open(cluster.workdir / "reconciler.log", "wb")  # type: ignore[operator]
+    return subprocess.Popen(
+        [
+            str(script),
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "--no-leader-elect",
+            "--port",
+            "0",
+            "--metrics-port",
+            str(metrics_port),
+            "--no-metrics-secure",
+            "--log-level",
+            "WARNING",
+            *extra,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def stop_reconciler(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--jobs", type=int, default=1000)
@@ -238,26 +299,7 @@ async def main() -> None:
     cluster.start()
     proc = None
     try:
-        cluster.kubectl("create", "namespace", NS)
-        for i in range(3):
-            cluster.kubectl(
-                "patch",
-                "node",
-                f"kwok-node-{i}",
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                json.dumps(
-                    {
-                        "status": {
-                            "addresses": [
-                                {"type": "InternalIP", "address": "127.0.0.1"},
-                                {"type": "Hostname", "address": f"kwok-node-{i}"},
-                            ]
-                        }
-                    }
-                ),
-            )
+        prepare(cluster)
         cfg = load_kubeconfig(cluster.kubeconfig)
         cfg.qps = None
         root = cluster.workdir / "bench-exec"  # type: ignore[operator]
@@ -269,26 +311,7 @@ async def main() -> None:
                 flush=True,
             )
             port = 18081 + random.randrange(1000)
-            script = Path(sys.executable).parent / "kubeckpt-reconciler"
-            log = open(cluster.workdir / "reconciler.log", "wb")  # type: ignore[operator]  # noqa: ASYNC230
-            proc = subprocess.Popen(  # noqa: ASYNC220
-                [
-                    str(script),
-                    "--kubeconfig",
-                    str(cluster.kubeconfig),
-                    "--no-leader-elect",
-                    "--port",
-                    "0",
-                    "--metrics-port",  # plain HTTP: the bench reads its own counters
-                    str(port),
-                    "--no-metrics-secure",
-                    "--log-level",
-                    "WARNING",
-                    *args.extra,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            proc = spawn_reconciler(cluster, port, args.extra)
             started = time.monotonic()
             tps = Informer(client.api(TPS), namespace=NS)
             written: dict[str, tuple[int, float]] = {}
@@ -439,12 +462,7 @@ async def main() -> None:
         }
         print(json.dumps(result, indent=2))
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_reconciler(proc)
         cluster.stop()
 
 

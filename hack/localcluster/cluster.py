@@ -115,6 +115,10 @@ class LocalCluster:
     # (`start_real_node`), so that only the tests that need it wait for its images.
     real_node_optional: bool = False
     defer_real_node: bool = False
+    # Without a real node: the tokens' issuer is the API server's loopback address, so that OIDC
+    # discovery of it works from the host (Trainer's status server, run with the TrainJobStatus
+    # gate by the push benchmark). Off by default: the in-cluster name, as before.
+    loopback_issuer: bool = False
     binaries: Binaries | None = None
     workdir: Path | None = None
     keep_workdir: bool = False
@@ -213,13 +217,18 @@ class LocalCluster:
             self.timings.update({f"node_{k}": v for k, v in self.node.timings.items()})
         return self.node
 
-    def start_trainer(self, *, status_gate: bool = False) -> TrainerStack:
+    def start_trainer(
+        self, *, status_gate: bool = False, status_qps: float = 5.0, status_burst: int = 10
+    ) -> TrainerStack:
         """Kubeflow Trainer v2 and JobSet (kubeflow_trainer.py), started on first use; Trainer is
-        restarted when asked for the other TrainJobStatus gate setting. Starts the real node
-        first when there is one (Trainer's status server is reached through it)."""
+        restarted when asked for the other TrainJobStatus gate setting or other limits of its
+        status server's API client. Starts the real node first when there is one
+        (Trainer's status server is reached through it)."""
         if self.node is not None:
             self.start_real_node()
-        self.trainer.start(status_gate=status_gate)
+        self.trainer.start(
+            status_gate=status_gate, status_qps=status_qps, status_burst=status_burst
+        )
         return self.trainer
 
     def stop_trainer(self) -> None:
@@ -520,6 +529,8 @@ class LocalCluster:
             issuers.insert(
                 0, f"--service-account-issuer=https://{NODE_IP}:{self.ports['apiserver']}"
             )
+        elif self.loopback_issuer:
+            issuers.insert(0, f"--service-account-issuer={self.server}")
         return [
             str(self.binaries.kube_apiserver),
             f"--etcd-servers={self.etcd_url}",

@@ -26,6 +26,7 @@ class ClusterHandle(Protocol):
     workdir: Path | None
     procs: dict[str, Process]
     ports: dict[str, int]
+    loopback_issuer: bool
 
     @property
     def kubeconfig(self) -> Path: ...

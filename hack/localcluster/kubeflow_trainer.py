@@ -78,6 +78,7 @@ class TrainerStack:
     def __init__(self, cluster: ClusterHandle) -> None:
         self.cluster = cluster
         self.status_gate: bool | None = None
+        self.status_limits: tuple[float, int] | None = None
         self._prepared = False
         self._webhooks: list[tuple[str, str]] = []
 
@@ -225,11 +226,19 @@ class TrainerStack:
             node.guard_host_port(port)
 
     # --- processes ---
-    def start(self, *, status_gate: bool = False) -> None:
-        """Start JobSet and Trainer (Trainer with TrainJobStatus=`status_gate`); restart Trainer
-        when it runs with the other setting."""
+    def start(
+        self, *, status_gate: bool = False, status_qps: float = 5.0, status_burst: int = 10
+    ) -> None:
+        """Start JobSet and Trainer (Trainer with TrainJobStatus=`status_gate`, its status
+        server's API client at `status_qps`/`status_burst`: Trainer's defaults unless a benchmark
+        asks); restart Trainer when it runs with other settings."""
         c = self.cluster
-        if self.status_gate == status_gate and c.procs["trainer"].alive():
+        limits = (status_qps, status_burst)
+        if (
+            self.status_gate == status_gate
+            and self.status_limits == limits
+            and c.procs["trainer"].alive()
+        ):
             return
         t0 = time.monotonic()
         if not self._prepared:
@@ -270,7 +279,11 @@ class TrainerStack:
                         "webhookServiceName": TRAINER_SERVICE,
                         "webhookSecretName": TRAINER_SECRET,
                     },
-                    "statusServer": {"port": self.status_port, "qps": 5, "burst": 10},
+                    "statusServer": {
+                        "port": self.status_port,
+                        "qps": status_qps,
+                        "burst": status_burst,
+                    },
                     "featureGates": {STATUS_GATE: status_gate},
                 }
             )
@@ -287,16 +300,18 @@ class TrainerStack:
         self._wait_ready("trainer", c.ports["trainer_probe"])
         self._install_runtime()
         self.status_gate = status_gate
+        self.status_limits = limits
         c.timings["trainer_start"] = time.monotonic() - t0
 
     def _in_pod_like_mounts(self, argv: list[str]) -> list[str]:
         """`argv` in a mount namespace of its own that has what Trainer's status server reads at
         fixed paths in its pod: a service-account token (its issuer is how the server finds the
         keys to verify pods' tokens with) and its serving certificate. The host's /run and
-        /tmp/k8s-webhook-server stay untouched. Needs root (only a real node brings the gate)."""
+        /tmp/k8s-webhook-server stay untouched. Needs root, and an issuer the host can discover:
+        the real node's address, or the loopback one a KWOK-only cluster can be asked for."""
         c = self.cluster
         assert c.workdir is not None
-        if c.node is None:
+        if c.node is None and not c.loopback_issuer:
             raise NodeUnavailable(
                 "Trainer's TrainJobStatus gate needs the real node (its status server is reached "
                 "by pods, and verifies their tokens against the API server's node-address issuer)"
@@ -368,3 +383,4 @@ class TrainerStack:
             self.cluster.kubectl("delete", kind, name, "--ignore-not-found", check=False)
         self._webhooks = []
         self.status_gate = None
+        self.status_limits = None
