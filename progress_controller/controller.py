@@ -291,6 +291,12 @@ class ProgressController:
             return None, kind
         return inf.store.get(f"{namespace}/{name}"), kind
 
+    def job_cache_ready(self, kind: d.JobKind) -> bool | None:
+        """Whether the cache of this kind's jobs has synced (a job missing from it is gone);
+        None when the kind is not served (its API not found, e.g. TrainJobs without Trainer)."""
+        inf = self.jobs if kind is d.PYTORCHJOB else self.trainjobs.informer
+        return None if inf is None else inf.has_synced
+
     def job_statuses(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
         """(namespace, name, status) of each job's TrainingProgress, newest known, for the jobs
         that still exist (what /metrics exports; `name` is the TrainingProgress's, unique in its

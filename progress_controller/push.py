@@ -11,7 +11,8 @@ Every check happens before anything is written, and a refusal changes no status:
 - 413 a body over `MAX_BODY_BYTES` (by Content-Length before reading, else while reading);
 - 401 no token, not valid, not of our audience, expired; 429 the review budget is spent;
   503 the API server cannot be asked, or this replica is not the leader (push_auth.py);
-- 404 a path that names no job kind of ours, or a job not in the cache;
+- 404 a path that names no job kind of ours (or one whose API the cluster lacks), or a job not
+  in the synced cache (503 while that cache has not synced);
 - 403 the token's pod is not in the cache, has another UID (a token replayed after its pod went),
   is not injected, or is not a pod the named job owns (labels name it and ownerReferences prove
   it: ownership.py, as for pull): a pod can update only its own job;
@@ -160,6 +161,11 @@ class PushEndpoint:
         key = d.job_key(kind, ns, name)
         job, _ = ctl.job(key)
         if job is None:
+            ready = ctl.job_cache_ready(kind)
+            if ready is None:  # e.g. TrainJobs on a cluster without Trainer's API
+                return refuse(404, f"{kind.kind}s are not served here (their API is not found)")
+            if not ready:  # not "not found": the job may well exist
+                return refuse(503, f"the {kind.kind} cache is not synced yet: retry")
             return refuse(404, f"{kind.kind} {ns}/{name} not found")
         pod = await self._bound_pod(who, kind, ns, name, key, job)
         if isinstance(pod, web.Response):

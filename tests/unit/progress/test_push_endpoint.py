@@ -62,8 +62,13 @@ class FakeController:
         self.tp: dict | None = {"metadata": {"name": JOB}}
         self.accepted: list[tuple[str, str, ProgressRecord]] = []
 
+        self.cache_ready: bool | None = True
+
     def job(self, key: str) -> tuple[Any, Any]:
         return self.jobs.get(key), d.PYTORCHJOB
+
+    def job_cache_ready(self, kind: Any) -> bool | None:
+        return self.cache_ready
 
     def _progress(self, key: str, job: Any, kind: Any) -> tuple[Any, bool]:
         return self.tp, False
@@ -122,6 +127,9 @@ async def test_a_trainer_body_without_a_step_is_accepted_and_records_nothing(set
         (lambda c, a: setattr(c, "tp", None), 409, "does not write one it does not own"),
         (lambda c, a: setattr(c.manager, "is_leader", False), 503, "not the leader"),
         (lambda c, a: c.jobs.clear(), 404, "not found"),
+        # A job missing from a cache that has not synced may exist: retry, not "not found".
+        (lambda c, a: (c.jobs.clear(), setattr(c, "cache_ready", False)), 503, "not synced"),
+        (lambda c, a: (c.jobs.clear(), setattr(c, "cache_ready", None)), 404, "not served"),
         (lambda c, a: c.pods.store.items.clear(), 403, "is not an injected pod"),
         (
             lambda c, a: setattr(a, "answer", PodIdentity(NS, "default", POD, "uid-old")),
