@@ -1,7 +1,9 @@
 """`kubeckpt checkpoints` for a TrainJob on s3:// storage, without a cluster: what the rank-0
 `node` container lists (the env the webhook gave it: the kind's own prefix, the Secret's
 credentials, here the session's SeaweedFS) and how the CLI shows it beside the TrainJob's
-TrainingProgress. The listing runs in the pod over pods/exec; its inputs are the same here."""
+TrainingProgress. The listing runs in the pod over pods/exec; its inputs are the same here.
+With the runtime's tests, not tests/unit/cli: it needs the `s3` extra, which the CLI's
+lowest-versions run (hack/test-lowest-deps.sh) does not install."""
 
 from __future__ import annotations
 
