@@ -97,8 +97,26 @@ async def test_slow_and_endless_reads_in_one_namespace_leave_another_fresh(
     path = start_job(kwok, good, "fresh", progress(1))
     # 4 slots in all: without the share, the 4 hostile jobs could hold every one of them.
     limiter = ExecLimiter(concurrency=4, rate=50.0, burst=50, per_namespace=2)
+    tasks: list[asyncio.Task] = []
     try:
         async with running_controller(client, limiter=limiter, exec_timeout=EXEC_TIMEOUT) as ctrl:
+            # What the endless jobs' TrainingProgress said, watched from the start: a later
+            # reason (a stall, say, on a slow run) may follow the ExecTimeout before the end.
+            said: dict[str, list[str]] = {"hang-0": [], "hang-1": []}
+
+            async def watch_endless() -> None:
+                while True:
+                    for name, reasons in said.items():
+                        try:
+                            tp = await get_tp(client, bad, name)
+                        except Exception:  # a blip of the API server: look again
+                            continue
+                        reason = cond(tp, "Progressing").get("reason") if tp else None
+                        if reason and (not reasons or reasons[-1] != reason):
+                            reasons.append(reason)
+                    await asyncio.sleep(0.2)
+
+            tasks.append(asyncio.create_task(watch_endless()))
 
             async def step_is(step: int) -> dict | None:
                 tp = await get_tp(client, good, "fresh")
@@ -123,14 +141,18 @@ async def test_slow_and_endless_reads_in_one_namespace_leave_another_fresh(
             assert limiter.refused > 0, "the bad namespace was never refused a slot"
 
             # What the hostile jobs got: their own reads failed (the endless ones time out).
-            async def timed_out() -> dict | None:
-                tp = await get_tp(client, bad, "hang-0")
-                ok = tp and cond(tp, "Progressing").get("reason") == "ExecTimeout"
-                return tp if ok else None
-
-            await eventually(timed_out, "the endless read's ExecTimeout", 60)
+            try:
+                await eventually(
+                    lambda: any("ExecTimeout" in r for r in said.values()),
+                    "the endless reads' ExecTimeout",
+                    60,
+                )
+            except AssertionError as e:
+                raise AssertionError(f"{e}; their reasons in turn: {said}; {ctrl.stats}") from e
             assert ctrl.stats["reads"] > 0
     finally:
+        for t in tasks:
+            t.cancel()
         for w in writers:
             w.stop.set()
         for w in writers:
