@@ -1,6 +1,6 @@
 """TrainJobs on the real node (Kubeflow Trainer v2's torch-distributed runtime, run by JobSet): the
 TrainJob as a user writes it, and reading its pods, logs, TrainingProgress and Events back. Shared
-by the TrainJob node tests (tests/node/test_trainjob_on_node.py, test_s3_trainjob_on_node.py)."""
+by the TrainJob node tests (tests/node/test_trainjob_on_node.py)."""
 
 from __future__ import annotations
 
