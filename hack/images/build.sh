@@ -74,7 +74,7 @@ compute_keys() {
   # The training image's dependencies (its Dockerfile's `deps` stage), a tagged image of the
   # store rather than an archive: nothing runs it, and the training build starts from it.
   KEY[training_deps]=$(printf '%s %s' "$b" "$(hash_inputs docker/training.Dockerfile \
-    docker/training-requirements.txt docker/prune_cuda.py)" | sha256sum | cut -c1-16)
+    docker/training-requirements.lock docker/prune_cuda.py)" | sha256sum | cut -c1-16)
   KEY[training]=$(printf '%s %s' "${KEY[training_deps]}" "$(hash_inputs docker/training.Dockerfile \
     pyproject.toml trainer_runtime)" | sha256sum | cut -c1-16)
 }
