@@ -1,9 +1,9 @@
 # A CPU training image for the demo and the tests on the real node: torch, transformers,
 # accelerate, peft and kubeckpt's runtime (with kubeckpt-prestop), non-root.
 #   docker build -f docker/training.Dockerfile -t kubeckpt/kubeckpt-training:0.1.0 .
-# torch from PyPI brings about 4 GB of CUDA libraries; the lock leaves out the packages no CPU run
-# loads, and prune_cuda.py keeps, of the rest, only the files torch's own libraries link against
-# (it would not import without them), in the same RUN so that the layer never holds the others.
+# torch from PyPI brings about 4 GB of CUDA libraries and 1 GB of triton: the lock leaves out what
+# no CPU run loads, and prune_cuda.py keeps, of the rest, only the files torch's own libraries link
+# against (it would not import without them), in the same RUN so the layer never holds the others.
 ARG BASE=python:3.11-slim
 # The dependencies, by default the `deps` stage below. hack/images/build.sh builds that stage alone
 # (--target deps) under a tag keyed by its inputs and passes the tag as DEPS, so that a change to
@@ -13,9 +13,9 @@ ARG DEPS=deps
 FROM ${BASE} AS deps
 # pip verifies TLS against the system's CA bundle (hack/images/build.sh mounts this machine's there).
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
-# The lock (hack/images/lock_training.py) pins every package and leaves out the CUDA ones a CPU
-# run never loads, so they are not even downloaded; importing what the jobs use checks that
-# nothing torch links against was left out.
+# The lock (hack/images/lock_training.py) pins every package and leaves out triton and the CUDA
+# headers a CPU run never loads, so they are not even downloaded; importing what the jobs use checks
+# that nothing torch links against was left out.
 COPY docker/training-requirements.lock docker/prune_cuda.py /tmp/
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir --no-deps -r /tmp/training-requirements.lock \

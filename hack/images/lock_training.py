@@ -1,11 +1,11 @@
 """Write docker/training-requirements.lock: every package the training image installs, pinned.
 
 The image installs the lock with `pip install --no-deps`, so that pip neither resolves at build
-time nor downloads what a CPU image drops anyway: torch from PyPI requires its CUDA libraries, and
-of those cuDNN, CCCL and NVTX (and triton, torch.compile's GPU backend) are never loaded by a CPU
-run (docker/prune_cuda.py deleted every file of them after the download: about 1.3 GB unpacked).
-What torch's own libraries link against stays, and prune_cuda.py fails the build if one is
-missing.
+time nor downloads what a CPU image drops anyway: torch from PyPI requires triton (torch.compile's
+GPU backend, about 1 GB unpacked) and CUDA's CCCL headers and NVTX, which no CPU run loads and
+docker/prune_cuda.py deleted right after the download. Every CUDA library torch's own libraries
+link against stays (cuDNN's libcudnn.so.9 among them: a CPU import of torch fails without it), and
+the image's build imports torch to prove it.
 
 Resolved by pip itself (`pip install --dry-run --report`, metadata only) in a scratch venv of the
 same Python minor as the image's base (Debian bookworm: 3.11). Run it after editing
@@ -27,7 +27,7 @@ REQUIREMENTS = REPO / "docker" / "training-requirements.txt"
 LOCK = REPO / "docker" / "training-requirements.lock"
 PYTHON = (3, 11)  # the base image's
 # Distributions no CPU run loads (see the docstring); matched by name prefix, any CUDA major.
-CPU_UNNEEDED = ("nvidia-cudnn-", "nvidia-cuda-cccl", "nvidia-nvtx", "triton")
+CPU_UNNEEDED = ("nvidia-cuda-cccl", "nvidia-nvtx", "triton")
 HASH_LINE = "# sha256 of training-requirements.txt: "
 
 
