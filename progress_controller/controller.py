@@ -4,11 +4,12 @@ One reconcile per job (key `discovery.job_key`: the kind is part of it, so same-
 kinds stay apart): keep only the pods the job owns (`ownership`: the labels name a job, the
 ownerReferences prove it; the others are ignored and reported once), make sure the job's
 TrainingProgress exists (found by spec.jobRef and owned by the job; `status_identity` names a new
-one), find the rank-0 pod, read its progress (exec while the container runs, the termination
-message once it has terminated), decide the new status from the stored one (`decide`, which
-leaves out values out of range), apply it to /status only when something changed, then send the
-events the change means, and put the latest complete checkpoint on every pod of the job
-(`lastcheckpoint`: annotations for checkpoint-aware preemption). Decisions are read from the
+one), find the rank-0 pod, read its progress (exec while the container runs, the termination message
+once it has terminated; a rank-0 pod being deleted is read before its replacement until the
+replacement's record is taken: `discovery.read_order`), decide the new status from the stored one
+(`decide`, which leaves out values out of range), apply it to /status only when something changed,
+then send the events the change means, and put the latest complete checkpoint on every pod of the
+job (`lastcheckpoint`: annotations for checkpoint-aware preemption). Decisions are read from the
 informers' caches; the only API calls are the exec, the TrainingProgress create, the status apply,
 the pods' annotation patches when their values differ, a GET of a TrainJob pod's batch Job and
 JobSet the first time they are seen (and Events).
