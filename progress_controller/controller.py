@@ -39,6 +39,7 @@ from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotFound
 from reconciler.exec import exec_command
 from reconciler.fairlimit import Busy
+from reconciler.informer import EventHandler
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of
 from reconciler.resources import NAMESPACES, PODS, Resource
@@ -46,6 +47,7 @@ from trainer_runtime.contract.progress import ProgressRecord
 
 from . import discovery as d
 from .decide import FIELD_MANAGER, Decision, Event, Observation, changed, decide, foreign_event
+from .gone_pods import GonePods
 from .kueue_eviction import Eviction, describe_preemptor, eviction_of
 from .lastcheckpoint import pod_patch, wanted
 from .metrics import ProgressCollector
@@ -229,6 +231,10 @@ class ProgressController:
         for inf in self.bare_pods:
             self.controller.watch(inf, pod_to_job, update_predicate=lambda o, n: False)
         self._state: dict[str, _JobState] = {}
+        # Rank-0 pods deleted with their final record unread (gone_pods.py): the kubelet
+        # deletes a pod right after writing the termination message a reconcile would read.
+        self.gone = GonePods(clock)
+        self.pods.add_handler(EventHandler(on_delete=self.gone.remember))
         # Our last write per job, newer than the cache until the watch delivers it.
         self._written: dict[str, KubeObject] = {}
         # The same for pods' annotations: job key -> pod uid -> (resourceVersion, annotations).
@@ -279,6 +285,7 @@ class ProgressController:
     # --- helpers ---
     def _forget(self, key: str) -> None:
         self._state.pop(key, None)
+        self.gone.forget(key)
         self._written.pop(key, None)
         self._annotated.pop(key, None)
         self._trainer_conflicts.discard(key)
@@ -475,6 +482,11 @@ class ProgressController:
         own, foreign = await self.owners.split([*injected, *bare], job, kind)
         own_uids = {_uid(p) for p in own}
         pods = [p for p in injected if _uid(p) in own_uids]
+        gone = self.gone.of(key, {_uid(p) for p in injected})
+        if gone:
+            # Read (discovery.read_order), never annotated or counted as the job's pods.
+            gone_own, _ = await self.owners.split(gone, job, kind)
+            pods += gone_own
         missed = self._not_injected(p for p in bare if _uid(p) in own_uids)
         suspended = d.suspended(job, kind)
         if not pods and not missed:
@@ -498,7 +510,7 @@ class ProgressController:
             context.eviction, context.preemptor = self._kueue_eviction(job)
         # The replacement last; before it, rank-0 pods being deleted that may still tell of a
         # just-in-time checkpoint (discovery.read_order).
-        order = d.read_order(pods, kind, prev_status.get("observedPod"))
+        order = d.read_order(pods, kind, prev_status.get("observedPod"), state.record_uid)
         pod = order[-1] if order else None
         container = d.target_container(pod, kind) if pod is not None else None
         cs = d.container_state(pod, container.get("name", "")) if pod and container else None

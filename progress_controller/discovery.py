@@ -110,7 +110,10 @@ def has_record_to_read(pod: KubeObject, kind: JobKind = PYTORCHJOB) -> bool:
 
 
 def read_order(
-    pods: list[KubeObject], kind: JobKind = PYTORCHJOB, observed: str | None = None
+    pods: list[KubeObject],
+    kind: JobKind = PYTORCHJOB,
+    observed: str | None = None,
+    observed_uid: str | None = None,
 ) -> list[KubeObject]:
     """The rank-0 pods to read in one reconcile, in the order their records are taken; the last
     is `rank0_pod`'s (the replacement, whose state schedules the job), [] when there is none.
@@ -121,27 +124,40 @@ def read_order(
     Job's replacement is already there, Pending, with nothing to read. Taken in this order, a
     newer pod's record always comes after an older pod's, so the replacement's wins.
 
-    `observed` is the stored status's observedPod, the pod whose record was taken last (pods
-    that coexist never share a name). Once it is the replacement, the pods before it are not
-    read again: a victim's record is never taken after its replacement's (whose step may be
-    lower: it resumed from an older checkpoint). Nor is a pod older than the observed one."""
+    `observed` is the stored status's observedPod, the pod whose record was taken last; once it
+    is the replacement, the pods before it are not read again: a victim's record is never taken
+    after its replacement's (whose step may be lower: it resumed from an older checkpoint). Nor
+    is a pod older than the observed one. Pods in the API never share a name, but a pod already
+    gone (its last state kept by the caller) and its same-named replacement (a PyTorchJob's) do:
+    `observed_uid`, the UID of the pod whose record was taken last when known, tells them apart;
+    without it the newest of that name is taken as the observed one, so nothing is read that
+    could come after it."""
     main = rank0_pod(pods, kind)
     if main is None:
         return []
-    older = sorted(
-        (
-            p
-            for p in pods
-            if p is not main and is_rank0(p, kind) and _deleting(p) and _created(p) < _created(main)
+    ranked = [
+        *sorted(
+            (
+                p
+                for p in pods
+                if p is not main
+                and is_rank0(p, kind)
+                and _deleting(p)
+                and _created(p) < _created(main)
+            ),
+            key=_created,
         ),
-        key=_created,
-    )
-    names = [str((p.get("metadata") or {}).get("name", "")) for p in older]
-    if observed is not None and observed == (main.get("metadata") or {}).get("name"):
-        older = []
-    elif observed in names:
-        older = older[names.index(observed) :]
-    return [*(p for p in older if has_record_to_read(p, kind)), main]
+        main,
+    ]
+    named = [i for i, p in enumerate(ranked) if _meta(p, "name") == observed]
+    if observed is not None and named:
+        exact = [i for i in named if observed_uid and _meta(ranked[i], "uid") == observed_uid]
+        ranked = ranked[(exact or named)[-1] :]
+    return [*(p for p in ranked[:-1] if has_record_to_read(p, kind)), main]
+
+
+def _meta(pod: KubeObject, field: str) -> str:
+    return str((pod.get("metadata") or {}).get(field, ""))
 
 
 def injected(pod: KubeObject) -> bool:

@@ -20,8 +20,11 @@ from kubeckpt_api.groupversion import TRAINING_PROGRESS
 from progress_controller import controller as controller_module
 from progress_controller import discovery as d
 from progress_controller.controller import ProgressController, _JobState
+from progress_controller.gone_pods import GonePods
+from reconciler.clock import FakeClock
 from reconciler.controller import Request, Result
 from reconciler.exec import ExecResult
+from reconciler.resources import WatchEvent
 from trainer_runtime.contract.jobkinds import JOBSET_JOB_INDEX_LABEL
 
 TJ = d.TRAINJOB
@@ -63,6 +66,16 @@ def replacement(state: dict[str, Any]) -> dict[str, Any]:
 
 def names(pods: list[dict[str, Any]]) -> list[str]:
     return [p["metadata"]["name"] for p in pods]
+
+
+MASTER = f"{JOB}-master-0"
+
+
+def master(uid: str, state: dict[str, Any], created: str, **md: Any) -> dict[str, Any]:
+    """A PyTorchJob's master pod: its replacement has the same name, another UID."""
+    p = _master(d.PYTORCHJOB, "pytorch", ENV, state, MASTER, created, **md)
+    p["metadata"]["uid"] = uid
+    return p
 
 
 # --- the pure choice ---
@@ -113,6 +126,45 @@ def test_a_pod_deleted_after_the_rank0_pod_was_made_is_not_read_before_it() -> N
     assert names(d.read_order([newer_going, older], TJ, observed=None)) == ["a"]
 
 
+def test_a_gone_pod_and_its_same_named_replacement_are_told_apart_by_uid() -> None:
+    gone = master("uid-a", terminated(record(45, 45, "jit")), "2026-01-01T10:00:00Z", **GOING)
+    new = master("uid-b", WAITING, "2026-01-01T11:59:50Z")
+
+    def uids(observed_uid: str | None) -> list[str]:
+        order = d.read_order([new, gone], d.PYTORCHJOB, MASTER, observed_uid)
+        return [p["metadata"]["uid"] for p in order]
+
+    assert uids("uid-a") == ["uid-a", "uid-b"]  # the record taken last was the gone one's
+    assert uids("uid-b") == ["uid-b"]
+    # Not known which (a restarted controller), or a UID of neither: the newest of the name,
+    # so nothing is read that could come after the replacement's record.
+    assert uids(None) == ["uid-b"]
+    assert uids("uid-other") == ["uid-b"]
+
+
+def test_gone_pods_keep_the_last_state_of_rank0_pods_with_a_termination_message() -> None:
+    clock = FakeClock()
+    gone = GonePods(clock, ttl=60.0)
+    jit = terminated(record(45, 45, "jit"))
+    removed_at_once = pod("v", jit, "2026-01-01T10:00:00Z")  # grace 0: no deletionTimestamp
+    gone.remember(removed_at_once)
+    gone.remember(pod("x", RUNNING, "2026-01-01T10:00:00Z", **GOING))  # nothing to read now
+    gone.remember(pod("y", terminated(""), "2026-01-01T10:00:00Z", **GOING))
+    worker = pod("w", jit, "2026-01-01T10:00:00Z", **GOING)
+    worker["metadata"]["labels"][JOBSET_JOB_INDEX_LABEL] = "1"
+    gone.remember(worker)
+    [kept] = gone.of(KEY, live=set())
+    assert kept["metadata"]["name"] == "v"
+    assert "deletionTimestamp" in kept["metadata"]  # never taken for a live pod
+    assert "deletionTimestamp" not in removed_at_once["metadata"]  # the event's own untouched
+    assert gone.of(KEY, live={"uid-v"}) == []  # in the cache after all
+    clock.step(61.0)
+    assert gone.of(KEY, live=set()) == [] and len(gone) == 0
+    gone.remember(removed_at_once)
+    gone.forget(KEY)
+    assert len(gone) == 0
+
+
 # --- the controller ---
 
 
@@ -129,33 +181,34 @@ class Pods:
         return ExecResult(stdout=self.files[pod].encode(), exit_code=0)
 
 
-def controller(fx: Pods, prev: dict[str, Any]) -> ProgressController:
+def controller(fx: Pods, prev: dict[str, Any], kind: d.JobKind = TJ) -> ProgressController:
     ctrl = _controller(True, fx, {"trainer_status": False})  # type: ignore[arg-type]
     from progress_controller.ownership import OwnerFacts
 
     job = {
-        "apiVersion": TJ.api_version,
-        "kind": TJ.kind,
+        "apiVersion": kind.api_version,
+        "kind": kind.kind,
         "metadata": {"name": JOB, "namespace": NS, "uid": "job-uid", "resourceVersion": "5"},
     }
-    assert ctrl.trainjobs.informer is not None
-    _load(ctrl.trainjobs.informer, job)
+    jobs = ctrl.jobs if kind is d.PYTORCHJOB else ctrl.trainjobs.informer
+    assert jobs is not None
+    _load(jobs, job)
     js = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": JOB, "uid": "js"}
     tj = {"apiVersion": TJ.api_version, "kind": TJ.kind, "name": JOB, "uid": "job-uid"}
     ctrl.owners._facts["j"] = (OwnerFacts(True, {**js, "controller": True}), float("inf"))
     ctrl.owners._facts["js"] = (OwnerFacts(True, {**tj, "controller": True}), float("inf"))
-    store(ctrl, prev, 9)
+    store(ctrl, prev, 9, kind)
 
     async def write(key: str, job: Any, tp: Any, prev: Any, dec: Any) -> None:
         fx.log.append(("write", copy.deepcopy(dec.status), [e.reason for e in dec.events]))
-        store(ctrl, dec.status, int(tp["metadata"]["resourceVersion"]) + 1)
+        store(ctrl, dec.status, int(tp["metadata"]["resourceVersion"]) + 1, kind)
 
     ctrl._write = write  # type: ignore[method-assign]
     return ctrl
 
 
-def store(ctrl: ProgressController, status: dict[str, Any], rv: int) -> None:
-    ref = {"apiVersion": TJ.api_version, "kind": TJ.kind, "name": JOB}
+def store(ctrl: ProgressController, status: dict[str, Any], rv: int, kind: d.JobKind) -> None:
+    ref = {"apiVersion": kind.api_version, "kind": kind.kind, "name": JOB}
     tp = {
         "apiVersion": TRAINING_PROGRESS.api_version,
         "kind": TRAINING_PROGRESS.kind,
@@ -172,20 +225,30 @@ def store(ctrl: ProgressController, status: dict[str, Any], rv: int) -> None:
     _load(ctrl.tps, tp)
 
 
+def owned(p: dict[str, Any]) -> dict[str, Any]:
+    """`p` owned as its kind's operator owns it (a PyTorchJob directly, a TrainJob's through a
+    batch Job whose JobSet the TrainJob owns: `controller` caches those facts)."""
+    p = copy.deepcopy(p)
+    if d.PYTORCHJOB.is_rank0(p["metadata"]["labels"]):
+        ref = {"apiVersion": d.PYTORCHJOB.api_version, "kind": "PyTorchJob", "name": JOB}
+        p["metadata"]["ownerReferences"] = [{**ref, "uid": "job-uid", "controller": True}]
+    else:
+        ref = {"apiVersion": "batch/v1", "kind": "Job", "name": f"{JOB}-node-0", "uid": "j"}
+        p["metadata"]["ownerReferences"] = [{**ref, "controller": True}]
+    return p
+
+
 def put_pods(ctrl: ProgressController, *pods: dict[str, Any]) -> None:
     for key in list(ctrl.pods.store.keys()):
         ctrl.pods.store.delete(key)
     for p in pods:
-        p = copy.deepcopy(p)
-        ref = {"apiVersion": "batch/v1", "kind": "Job", "name": f"{JOB}-node-0", "uid": "j"}
-        p["metadata"]["ownerReferences"] = [{**ref, "controller": True}]
-        _load(ctrl.pods, p)
+        _load(ctrl.pods, owned(p))
 
 
-def reconcile(ctrl: ProgressController) -> Result | None:
+def reconcile(ctrl: ProgressController, key: str = KEY) -> Result | None:
     async def run() -> Result | None:
         with mock.patch.object(controller_module, "datetime", _FixedNow):
-            return await ctrl.reconcile(Request.from_key(KEY))
+            return await ctrl.reconcile(Request.from_key(key))
 
     return asyncio.run(run())
 
@@ -241,11 +304,68 @@ def test_a_victim_is_never_taken_after_its_replacements_record() -> None:
     [(_, status, events)] = writes(fx)
     assert status["step"] == 41 and status["observedPod"] == "r"
     assert "Resumed" in events
-    fx.log.clear()
-    ctrl._state[KEY].next_poll = 0.0  # due
+    interruptions = status["lifetime"]["interruptions"]
+    for _ in range(2):
+        fx.log.clear()
+        ctrl._state[KEY].next_poll = 0.0  # due
+        reconcile(ctrl)
+        assert [e for e in fx.log if e[0] == "exec"] == [("exec", "r")]
+        # Not even in between: no interruption counted, no Event.
+        for _, status, events in writes(fx):
+            assert (status["step"], status["observedPod"]) == (41, "r")
+            assert status["lifetime"]["interruptions"] == interruptions and events == []
+
+
+def test_a_victim_deleted_right_after_its_final_status_is_read_from_its_last_state() -> None:
+    """The kubelet deletes the pod in the sync that wrote its termination message: the
+    reconcile finds it gone from the cache, and reads the message from the DELETED event's pod."""
+    fx = Pods({})
+    ctrl = controller(fx, BEFORE)
+    final = victim(terminated(record(45, 45, "jit")))
+    put_pods(ctrl, final, replacement(WAITING))
+    ctrl.pods._apply(WatchEvent("DELETED", owned(final)))
+    assert ctrl.pods.store.get(f"{NS}/v") is None
     reconcile(ctrl)
-    assert [e for e in fx.log if e[0] == "exec"] == [("exec", "r")]
-    assert all(w[1]["step"] == 41 and w[1]["observedPod"] == "r" for w in writes(fx))
+    [(_, status, events)] = writes(fx)
+    assert events == ["JITCheckpoint"]
+    assert (status["step"], status["observedPod"]) == (45, "v")
+    assert status["source"] == "terminationMessage"
+
+
+def test_a_pytorchjob_masters_final_record_is_read_though_its_replacement_has_its_name() -> None:
+    key = d.job_key(d.PYTORCHJOB, NS, JOB)
+    fx = Pods({MASTER: record(40, 40, "periodic")})
+    ctrl = controller(fx, {}, d.PYTORCHJOB)
+    put_pods(ctrl, master("uid-a", RUNNING, "2026-01-01T10:00:00Z"))
+    reconcile(ctrl, key)
+    assert writes(fx)[-1][1]["step"] == 40
+    # Deleted: it exits with its JIT record and goes; the operator makes a master of the same
+    # name, Pending.
+    final = master("uid-a", terminated(record(45, 45, "jit")), "2026-01-01T10:00:00Z", **GOING)
+    ctrl.pods._apply(WatchEvent("DELETED", owned(final)))
+    put_pods(ctrl, master("uid-b", WAITING, "2026-01-01T11:59:50Z"))
+    fx.log.clear()
+    reconcile(ctrl, key)
+    [(_, status, events)] = writes(fx)
+    assert events == ["JITCheckpoint"] and status["step"] == 45
+    assert status["source"] == "terminationMessage"
+    # The new master runs, resumed from the JIT checkpoint: Resumed; the old one's record is
+    # not taken again, however often the job is read.
+    fx.files[MASTER] = record(46, 45, "resume", resumedFrom="/ckpt/checkpoint-45")
+    put_pods(ctrl, master("uid-b", RUNNING, "2026-01-01T11:59:50Z"))
+    fx.log.clear()
+    reconcile(ctrl, key)
+    [(_, status, events)] = writes(fx)
+    assert events == ["Resumed"] and status["step"] == 46
+    assert status["lifetime"]["interruptions"] == 1
+    for _ in range(2):
+        fx.log.clear()
+        ctrl._state[key].next_poll = 0.0
+        reconcile(ctrl, key)
+        assert [e for e in fx.log if e[0] == "exec"] == [("exec", MASTER)]
+        for _, status, events in writes(fx):
+            assert status["step"] == 46 and status["lifetime"]["interruptions"] == 1, status
+            assert events == []
 
 
 def test_a_running_victim_is_read_by_exec_and_again_soon() -> None:
