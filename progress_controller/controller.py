@@ -157,6 +157,16 @@ class _JobState:
     record_uid: str | None = None
 
 
+@dataclass
+class _Victims:
+    """What the victims read before the replacement made (ProgressController._take_victims)."""
+
+    status: dict[str, Any]  # the status after their records (the stored one if none taken)
+    events: list[Event]  # the Events their records mean, in order
+    runs: bool  # one of them still runs: read again soon
+    record_uid: str | None  # the UID of the pod whose record was taken last
+
+
 # Exec transport failures (API server or node hiccups), not the file's content: one in a row is
 # not written, so that a blip does not flip Progressing to Unknown and back (two writes per job,
 # for every job at once when the API server is what hiccuped); the next poll writes it if it
@@ -517,9 +527,7 @@ class ProgressController:
         # Known before any read, so that an early return (Busy) leaves it right too.
         running = state.running = cs is not None and cs.state == "running" and outcome is None
         try:
-            base, earlier_events, victim_runs = await self._take_victims(
-                order[:-1], kind, state, prev_status, context
-            )
+            victims = await self._take_victims(order[:-1], kind, state, prev_status, context)
         except Busy:
             return Result(requeue_after=self.limiter.retry_after())
         hold = False  # a first transient exec failure: keep the stored status as it is
@@ -593,7 +601,7 @@ class ProgressController:
         if obs.record is not None and obs.record.step_seconds is not None:
             rec_step_seconds = bounds.step_seconds(obs.record.step_seconds)
         else:
-            rec_step_seconds = bounds.step_seconds(base.get("stepSeconds"))
+            rec_step_seconds = bounds.step_seconds(victims.status.get("stepSeconds"))
         period = update_period(rec_step_seconds, frequency)
         if running:
             obs.stall_after = stall_after(self.settings, period)
@@ -603,12 +611,12 @@ class ProgressController:
         obs.job_created = context.job_created
         obs.foreign = foreign
         # From the status the victims' records made (the stored one when none was taken).
-        decision = decide(base, obs, datetime.now(UTC))
-        decision.events[:0] = earlier_events
-        if hold and base is not prev_status:
+        decision = decide(victims.status, obs, datetime.now(UTC))
+        decision.events[:0] = victims.events
+        if hold and victims.status is not prev_status:
             # A victim's record was taken: it is written, without the replacement's transient
             # failure (which the next read decides on).
-            hold, decision = False, Decision(base, earlier_events)
+            hold, decision = False, Decision(victims.status, victims.events)
         if hold:
             self.stats["skipped_writes"] += 1
         else:
@@ -620,6 +628,7 @@ class ProgressController:
             ):
                 await self._write_trainer_status(key, job, decision.status)
         await self._publish_checkpoint(key, prev_status if hold else decision.status, own)
+        state.record_uid = victims.record_uid  # once written (a failed write raises)
         if decision.accepted:
             state.new_pod = False
             state.record_uid = state.pod_uid
@@ -629,7 +638,7 @@ class ProgressController:
         if not running:
             # A victim still running is read again soon: its last records (the just-in-time
             # checkpoint) come before it exits, and no pod event tells of them.
-            return Result(requeue_after=self.settings.early) if victim_runs else None
+            return Result(requeue_after=self.settings.early) if victims.runs else None
         interval = poll_interval(
             self.settings,
             has_record=state.step is not None,
@@ -652,32 +661,31 @@ class ProgressController:
         state: _JobState,
         prev_status: dict[str, Any],
         context: Observation,
-    ) -> tuple[dict[str, Any], list[Event], bool]:
-        """Take the records of the rank-0 pods being deleted that come before the replacement
-        (discovery.read_order), oldest first: the status they make from the stored one (that
-        one itself when none is taken), their Events (a JITCheckpoint among them), and whether
-        one of them still runs. A record decide does not accept, or a victim that tells nothing
-        (a failed exec, a bad termination message), changes nothing: the replacement's
+    ) -> _Victims:
+        """Take the records of the rank-0 pods being deleted (or gone: gone_pods.py) that come
+        before the replacement (discovery.read_order), oldest first, each decided on the status
+        the one before made. A record decide does not accept, or a victim that tells nothing (a
+        failed exec, a bad termination message), changes nothing: the replacement's
         observation, decided after them, sets the conditions. Raises Busy as `_read` does."""
-        status, events, runs = prev_status, [], False
+        out = _Victims(prev_status, [], False, state.record_uid)
         for pod in victims:
             obs = await self._read_victim(pod, kind, state)
             if obs is None:
                 continue
-            runs = runs or obs.source != "terminationMessage"
+            out.runs = out.runs or obs.source != "terminationMessage"
             if obs.record is None:
                 log.debug("%s: victim %s: %s", name_of(pod), obs.error_reason, obs.error_message)
                 continue
             uid = _uid(pod)
-            obs.new_pod = state.record_uid is not None and uid != state.record_uid
+            obs.new_pod = out.record_uid is not None and uid != out.record_uid
             obs.outcome, obs.suspended = context.outcome, context.suspended
             obs.eviction, obs.preemptor = context.eviction, context.preemptor
             obs.job_created = context.job_created
-            decision = decide(status, obs, datetime.now(UTC))
+            decision = decide(out.status, obs, datetime.now(UTC))
             if decision.accepted:
-                status, state.record_uid = decision.status, uid
-                events += decision.events
-        return status, events, runs
+                out.status, out.record_uid = decision.status, uid
+                out.events += decision.events
+        return out
 
     async def _read_victim(
         self, pod: KubeObject, kind: d.JobKind, state: _JobState
