@@ -4,11 +4,12 @@ One reconcile per job (key `discovery.job_key`: the kind is part of it, so same-
 kinds stay apart): keep only the pods the job owns (`ownership`: the labels name a job, the
 ownerReferences prove it; the others are ignored and reported once), make sure the job's
 TrainingProgress exists (found by spec.jobRef and owned by the job; `status_identity` names a new
-one), find the rank-0 pod, read its progress (exec while the container runs, the termination
-message once it has terminated), decide the new status from the stored one (`decide`, which
-leaves out values out of range), apply it to /status only when something changed, then send the
-events the change means, and put the latest complete checkpoint on every pod of the job
-(`lastcheckpoint`: annotations for checkpoint-aware preemption). Decisions are read from the
+one), find the rank-0 pod, read its progress (exec while the container runs, the termination message
+once it has terminated; a rank-0 pod being deleted is read before its replacement until the
+replacement's record is taken: `discovery.read_order`), decide the new status from the stored one
+(`decide`, which leaves out values out of range), apply it to /status only when something changed,
+then send the events the change means, and put the latest complete checkpoint on every pod of the
+job (`lastcheckpoint`: annotations for checkpoint-aware preemption). Decisions are read from the
 informers' caches; the only API calls are the exec, the TrainingProgress create, the status apply,
 the pods' annotation patches when their values differ, a GET of a TrainJob pod's batch Job and
 JobSet the first time they are seen (and Events).
@@ -38,13 +39,15 @@ from reconciler.controller import Request, Result, generation_changed
 from reconciler.errors import AlreadyExists, ApiError, Conflict, KubeError, NotFound
 from reconciler.exec import exec_command
 from reconciler.fairlimit import Busy
+from reconciler.informer import EventHandler
 from reconciler.manager import Manager
 from reconciler.objects import KubeObject, name_of, namespace_of
 from reconciler.resources import NAMESPACES, PODS, Resource
 from trainer_runtime.contract.progress import ProgressRecord
 
 from . import discovery as d
-from .decide import FIELD_MANAGER, Decision, Observation, changed, decide, foreign_event
+from .decide import FIELD_MANAGER, Decision, Event, Observation, changed, decide, foreign_event
+from .gone_pods import GonePods
 from .kueue_eviction import Eviction, describe_preemptor, eviction_of
 from .lastcheckpoint import pod_patch, wanted
 from .metrics import ProgressCollector
@@ -149,6 +152,19 @@ class _JobState:
     last_push: float | None = None  # when the latest push arrived (clock time)
     push_interval: float | None = None  # seconds between the last two pushes
     running: bool = False  # its rank-0 pod ran at the last reconcile (read by exec or push)
+    # The UID of the pod whose record was taken last: a victim's record (a rank-0 pod being
+    # deleted, read before its replacement) is from a new pod when it is another's.
+    record_uid: str | None = None
+
+
+@dataclass
+class _Victims:
+    """What the victims read before the replacement made (ProgressController._take_victims)."""
+
+    status: dict[str, Any]  # the status after their records (the stored one if none taken)
+    events: list[Event]  # the Events their records mean, in order
+    runs: bool  # one of them still runs: read again soon
+    record_uid: str | None  # the UID of the pod whose record was taken last
 
 
 # Exec transport failures (API server or node hiccups), not the file's content: one in a row is
@@ -225,6 +241,10 @@ class ProgressController:
         for inf in self.bare_pods:
             self.controller.watch(inf, pod_to_job, update_predicate=lambda o, n: False)
         self._state: dict[str, _JobState] = {}
+        # Rank-0 pods deleted with their final record unread (gone_pods.py): the kubelet
+        # deletes a pod right after writing the termination message a reconcile would read.
+        self.gone = GonePods(clock)
+        self.pods.add_handler(EventHandler(on_delete=self.gone.remember))
         # Our last write per job, newer than the cache until the watch delivers it.
         self._written: dict[str, KubeObject] = {}
         # The same for pods' annotations: job key -> pod uid -> (resourceVersion, annotations).
@@ -275,6 +295,7 @@ class ProgressController:
     # --- helpers ---
     def _forget(self, key: str) -> None:
         self._state.pop(key, None)
+        self.gone.forget(key)
         self._written.pop(key, None)
         self._annotated.pop(key, None)
         self._trainer_conflicts.discard(key)
@@ -455,6 +476,11 @@ class ProgressController:
         if job is None:
             self._forget(key)
             return None  # the TrainingProgress goes with the job (ownerReference)
+        if (known_state := self._state.get(key)) is not None:
+            # Running only once this reconcile finds its rank-0 pod running: every return
+            # before that (no pods left, no TrainingProgress yet) leaves it not running, so
+            # that the jobs-by-feed gauge (job_feeds) does not count it meanwhile.
+            known_state.running = False
         # The pods whose labels name the job; only those it owns count for anything.
         injected = self.pods.store.by_index(JOB_INDEX, key)
         # By UID: a pod carrying both kinds' labels is in both caches of bare pods.
@@ -466,6 +492,11 @@ class ProgressController:
         own, foreign = await self.owners.split([*injected, *bare], job, kind)
         own_uids = {_uid(p) for p in own}
         pods = [p for p in injected if _uid(p) in own_uids]
+        gone = self.gone.of(key, {_uid(p) for p in injected})
+        if gone:
+            # Read (discovery.read_order), never annotated or counted as the job's pods.
+            gone_own, _ = await self.owners.split(gone, job, kind)
+            pods += gone_own
         missed = self._not_injected(p for p in bare if _uid(p) in own_uids)
         suspended = d.suspended(job, kind)
         if not pods and not missed:
@@ -484,19 +515,30 @@ class ProgressController:
         now = self.clock.now()
         state = self._state.setdefault(key, _JobState(first_seen=now))
         outcome = d.job_outcome(job)
-        pod = d.rank0_pod(pods, kind)
+        context = Observation(outcome=outcome, suspended=suspended, job_created=d.created(job))
+        if suspended:
+            context.eviction, context.preemptor = self._kueue_eviction(job)
+        # The replacement last; before it, rank-0 pods being deleted that may still tell of a
+        # just-in-time checkpoint (discovery.read_order).
+        order = d.read_order(pods, kind, prev_status.get("observedPod"), state.record_uid)
+        pod = order[-1] if order else None
         container = d.target_container(pod, kind) if pod is not None else None
-        running = state.running = False
+        cs = d.container_state(pod, container.get("name", "")) if pod and container else None
+        # Known before any read, so that an early return (Busy) leaves it right too.
+        running = state.running = cs is not None and cs.state == "running" and outcome is None
+        try:
+            victims = await self._take_victims(order[:-1], kind, state, prev_status, context)
+        except Busy:
+            return Result(requeue_after=self.limiter.retry_after())
         hold = False  # a first transient exec failure: keep the stored status as it is
         frequency = d.DEFAULT_UPDATE_FREQUENCY
-        if pod is None or container is None:
+        if pod is None or container is None or cs is None:
             obs = Observation(outcome=outcome)
             if outcome is None and not suspended and not prev_status.get("observedPod"):
                 obs.error_reason = "NoRank0Pod"
                 obs.error_message = "no injected rank-0 (master) pod found for the job"
         else:
             frequency = d.update_frequency(container)
-            cs = d.container_state(pod, container.get("name", ""))
             pod_name = name_of(pod)
             pod_uid = (pod.get("metadata") or {}).get("uid")
             if state.pod_uid is not None and pod_uid != state.pod_uid:
@@ -508,22 +550,30 @@ class ProgressController:
                         obs.record = parse(cs.message, "termination message")
                     except ReadError as e:
                         obs.error_reason, obs.error_message = e.reason, e.message
-            elif cs.state == "running" and outcome is None:
-                running = state.running = True
+            elif running:
                 pushed, state.pushed = state.pushed, None
                 if pushed is not None and pushed[0] != pod_uid:
                     pushed = None  # from a pod that is no longer rank 0 (replaced since)
-                due = now >= state.next_poll or pod_uid != state.pod_uid
+                # A victim read now is followed by a read of its replacement at once: the
+                # replacement's record, when it has one, is to be taken last.
+                due = now >= state.next_poll or pod_uid != state.pod_uid or len(order) > 1
                 fresh_until = push_fresh_until(
                     state.last_push, state.push_interval, self.settings.early
                 )
-                if pushed is None and due and pod_uid == state.pod_uid and now < fresh_until:
+                if (
+                    pushed is None
+                    and due
+                    and pod_uid == state.pod_uid
+                    and len(order) == 1
+                    and now < fresh_until
+                ):
                     # The pod pushes: no exec while its pushes keep coming; polled again once
                     # the last one is older than twice its interval (schedule.push_fresh_until).
                     due = False
                     state.next_poll = fresh_until
                 if pushed is None and not due:
                     # No read, but a pod created since (a restarted rank) gets the annotations.
+                    # (No victim was read either: one would have made the read due.)
                     await self._publish_checkpoint(key, prev_status, own)
                     return Result(requeue_after=max(state.next_poll - now, 0.01))
                 if pushed is not None:
@@ -551,17 +601,22 @@ class ProgressController:
         if obs.record is not None and obs.record.step_seconds is not None:
             rec_step_seconds = bounds.step_seconds(obs.record.step_seconds)
         else:
-            rec_step_seconds = bounds.step_seconds(prev_status.get("stepSeconds"))
+            rec_step_seconds = bounds.step_seconds(victims.status.get("stepSeconds"))
         period = update_period(rec_step_seconds, frequency)
         if running:
             obs.stall_after = stall_after(self.settings, period)
         obs.not_injected = missed
         obs.suspended = suspended
-        if suspended:
-            obs.eviction, obs.preemptor = self._kueue_eviction(job)
-        obs.job_created = d.created(job)
+        obs.eviction, obs.preemptor = context.eviction, context.preemptor
+        obs.job_created = context.job_created
         obs.foreign = foreign
-        decision = decide(prev_status, obs, datetime.now(UTC))
+        # From the status the victims' records made (the stored one when none was taken).
+        decision = decide(victims.status, obs, datetime.now(UTC))
+        decision.events[:0] = victims.events
+        if hold and victims.status is not prev_status:
+            # A victim's record was taken: it is written, without the replacement's transient
+            # failure (which the next read decides on).
+            hold, decision = False, Decision(victims.status, victims.events)
         if hold:
             self.stats["skipped_writes"] += 1
         else:
@@ -573,13 +628,17 @@ class ProgressController:
             ):
                 await self._write_trainer_status(key, job, decision.status)
         await self._publish_checkpoint(key, prev_status if hold else decision.status, own)
+        state.record_uid = victims.record_uid  # once written (a failed write raises)
         if decision.accepted:
             state.new_pod = False
+            state.record_uid = state.pod_uid
         if decision.accepted and obs.record is not None and obs.record.step != state.step:
             state.step = obs.record.step
             state.last_change = now
         if not running:
-            return None
+            # A victim still running is read again soon: its last records (the just-in-time
+            # checkpoint) come before it exits, and no pod event tells of them.
+            return Result(requeue_after=self.settings.early) if victims.runs else None
         interval = poll_interval(
             self.settings,
             has_record=state.step is not None,
@@ -594,6 +653,62 @@ class ProgressController:
             state.next_poll = max(state.next_poll, fresh_until)
             interval = state.next_poll - now
         return Result(requeue_after=interval)
+
+    async def _take_victims(
+        self,
+        victims: list[KubeObject],
+        kind: d.JobKind,
+        state: _JobState,
+        prev_status: dict[str, Any],
+        context: Observation,
+    ) -> _Victims:
+        """Take the records of the rank-0 pods being deleted (or gone: gone_pods.py) that come
+        before the replacement (discovery.read_order), oldest first, each decided on the status
+        the one before made. A record decide does not accept, or a victim that tells nothing (a
+        failed exec, a bad termination message), changes nothing: the replacement's
+        observation, decided after them, sets the conditions. Raises Busy as `_read` does."""
+        out = _Victims(prev_status, [], False, state.record_uid)
+        for pod in victims:
+            obs = await self._read_victim(pod, kind, state)
+            if obs is None:
+                continue
+            out.runs = out.runs or obs.source != "terminationMessage"
+            if obs.record is None:
+                log.debug("%s: victim %s: %s", name_of(pod), obs.error_reason, obs.error_message)
+                continue
+            uid = _uid(pod)
+            obs.new_pod = out.record_uid is not None and uid != out.record_uid
+            obs.outcome, obs.suspended = context.outcome, context.suspended
+            obs.eviction, obs.preemptor = context.eviction, context.preemptor
+            obs.job_created = context.job_created
+            decision = decide(out.status, obs, datetime.now(UTC))
+            if decision.accepted:
+                out.status, out.record_uid = decision.status, uid
+                out.events += decision.events
+        return out
+
+    async def _read_victim(
+        self, pod: KubeObject, kind: d.JobKind, state: _JobState
+    ) -> Observation | None:
+        """A victim's record: its termination message once it has terminated, else (it runs)
+        the record it pushed last, else its file by exec; None when it has nothing to read."""
+        container = d.target_container(pod, kind)
+        if container is None:
+            return None
+        cs = d.container_state(pod, container.get("name", ""))
+        if cs.state == "terminated":
+            obs = Observation(pod=name_of(pod), source="terminationMessage")
+            try:
+                obs.record = parse(cs.message, "termination message")
+            except ReadError as e:
+                obs.error_reason, obs.error_message = e.reason, e.message
+            return obs
+        if cs.state != "running":
+            return None
+        if state.pushed is not None and state.pushed[0] == _uid(pod):
+            pushed, state.pushed = state.pushed, None
+            return Observation(pod=name_of(pod), source="push", record=pushed[1])
+        return await self._read(pod, container, kind)
 
     def _kueue_eviction(self, job: KubeObject) -> tuple[Eviction | None, str | None]:
         """Kueue's eviction of the job (its Workload's conditions, from the cache) and the

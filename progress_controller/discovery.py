@@ -80,22 +80,84 @@ def is_rank0(pod: KubeObject, kind: JobKind = PYTORCHJOB) -> bool:
     return kind.is_rank0(_labels(pod))
 
 
+def _deleting(pod: KubeObject) -> bool:
+    return "deletionTimestamp" in (pod.get("metadata") or {})
+
+
+def _created(pod: KubeObject) -> tuple[str, str]:
+    """A pod's place in creation order (RFC 3339 in UTC sorts as text; the name breaks ties)."""
+    md = pod.get("metadata") or {}
+    return str(md.get("creationTimestamp", "")), str(md.get("name", ""))
+
+
 def rank0_pod(pods: list[KubeObject], kind: JobKind = PYTORCHJOB) -> KubeObject | None:
     """The job's rank-0 pod: of several (an old one terminating, its replacement), the one not
     being deleted, then the newest."""
     candidates = [p for p in pods if is_rank0(p, kind)]
     if not candidates:
         return None
+    return max(candidates, key=lambda p: (not _deleting(p), *_created(p)))
 
-    def rank(p: KubeObject) -> tuple[bool, str, str]:
-        md = p.get("metadata") or {}
-        return (
-            "deletionTimestamp" not in md,
-            str(md.get("creationTimestamp", "")),
-            str(md.get("name", "")),
-        )
 
-    return max(candidates, key=rank)
+def has_record_to_read(pod: KubeObject, kind: JobKind = PYTORCHJOB) -> bool:
+    """Whether a pod may still tell something: its container runs (its file, by exec or push)
+    or has terminated with a termination message (its final record)."""
+    container = target_container(pod, kind)
+    if container is None:
+        return False
+    cs = container_state(pod, str(container.get("name", "")))
+    return cs.state == "running" or (cs.state == "terminated" and bool(cs.message.strip()))
+
+
+def read_order(
+    pods: list[KubeObject],
+    kind: JobKind = PYTORCHJOB,
+    observed: str | None = None,
+    observed_uid: str | None = None,
+) -> list[KubeObject]:
+    """The rank-0 pods to read in one reconcile, in the order their records are taken; the last
+    is `rank0_pod`'s (the replacement, whose state schedules the job), [] when there is none.
+
+    Before it come the older rank-0 pods being deleted that may still tell something
+    (`has_record_to_read`), oldest first: a pod deleted for preemption writes its just-in-time
+    checkpoint and the record announcing it (progress file, then termination message) while a
+    Job's replacement is already there, Pending, with nothing to read. Taken in this order, a
+    newer pod's record always comes after an older pod's, so the replacement's wins.
+
+    `observed` is the stored status's observedPod, the pod whose record was taken last; once it
+    is the replacement, the pods before it are not read again: a victim's record is never taken
+    after its replacement's (whose step may be lower: it resumed from an older checkpoint). Nor
+    is a pod older than the observed one. Pods in the API never share a name, but a pod already
+    gone (its last state kept by the caller) and its same-named replacement (a PyTorchJob's) do:
+    `observed_uid`, the UID of the pod whose record was taken last when known, tells them apart;
+    without it the newest of that name is taken as the observed one, so nothing is read that
+    could come after it."""
+    main = rank0_pod(pods, kind)
+    if main is None:
+        return []
+    ranked = [
+        *sorted(
+            (
+                p
+                for p in pods
+                if p is not main
+                and is_rank0(p, kind)
+                and _deleting(p)
+                and _created(p) < _created(main)
+            ),
+            key=_created,
+        ),
+        main,
+    ]
+    named = [i for i, p in enumerate(ranked) if _meta(p, "name") == observed]
+    if observed is not None and named:
+        exact = [i for i in named if observed_uid and _meta(ranked[i], "uid") == observed_uid]
+        ranked = ranked[(exact or named)[-1] :]
+    return [*(p for p in ranked[:-1] if has_record_to_read(p, kind)), main]
+
+
+def _meta(pod: KubeObject, field: str) -> str:
+    return str((pod.get("metadata") or {}).get(field, ""))
 
 
 def injected(pod: KubeObject) -> bool:

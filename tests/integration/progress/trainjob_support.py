@@ -135,9 +135,14 @@ def trainjob_pod(
     first: bytes,
     owners: list[dict],
     env: tuple[dict, ...] = (),
+    *,
+    finalizers: tuple[str, ...] = (),
+    scheduling_gates: tuple[str, ...] = (),
 ) -> Path:
     """A pod with the labels of TrainJob `name`'s injected rank-0 pod and these ownerReferences,
-    serving `first` as its progress file (returned)."""
+    serving `first` as its progress file (returned). `finalizers` keep it, once deleted, in the
+    API as a pod being deleted (KWOK deletes a deleted pod at once); `scheduling_gates` keep it
+    Pending until they are removed."""
     d = cluster.exec_dir(ns, pod)
     write_atomic(d / "progress.json", first)
     cluster.apply(
@@ -148,6 +153,7 @@ def trainjob_pod(
                 "name": pod,
                 "namespace": ns,
                 "ownerReferences": owners,
+                "finalizers": list(finalizers),
                 "annotations": KWOK_KEEPS_RUNNING,
                 "labels": {
                     "kubeckpt.io/injected": "true",
@@ -157,6 +163,7 @@ def trainjob_pod(
                 },
             },
             "spec": {
+                "schedulingGates": [{"name": g} for g in scheduling_gates],
                 "containers": [
                     {
                         "name": "node",
@@ -166,7 +173,7 @@ def trainjob_pod(
                             *env,
                         ],
                     }
-                ]
+                ],
             },
         }
     )
