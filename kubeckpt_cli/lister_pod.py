@@ -221,7 +221,8 @@ def lister_pod(
 def missing_packages(doc: Mapping[str, Any]) -> str | None:
     """The packages the listing's Python lacked to read a tier (fsspec/s3fs for s3://), if
     any: then the image is what to change, not the storage."""
-    for tier in doc.get("tiers") or []:
+    tiers = doc.get("tiers")
+    for tier in tiers if isinstance(tiers, list) else []:  # the pod's output: any shape
         if isinstance(tier, Mapping) and tier.get("missing"):
             return clean(str(tier["missing"]), 60)
     return None

@@ -260,7 +260,8 @@ def test_a_listing_without_s3fs_names_what_is_missing(monkeypatch: pytest.Monkey
         lister.missing_packages({"tiers": [{"tier": "persistent", "error": "cannot list: 403"}]})
         is None
     )
-    assert lister.missing_packages({"tiers": "junk"}) is None
+    for junk in ("junk", 5, {"missing": "x"}, [None, 3]):
+        assert lister.missing_packages({"tiers": junk}) is None
 
 
 def test_verify_asks_the_lister_pod_to_hash_too() -> None:
