@@ -467,6 +467,12 @@ async def through_lister(
             "an image with kubeckpt's runtime (--image)?"
         )
     doc = parse_listing(log, cut, where, DEFAULT_MAX_BYTES)
+    if missing := lister.missing_packages(doc):
+        raise CliError(
+            f"the image of {where}, {clean(image)}, has no {missing} to read "
+            f"{clean(storage.checkpoint_uri)}: pass --image with one that has them (kubeckpt's "
+            "runtime image, or the job's own training image)"
+        )
     if tp is not None:
         add_reasons(doc, tp)
     about = dict(

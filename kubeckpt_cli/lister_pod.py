@@ -1,11 +1,18 @@
 """A short-lived lister pod: `kubeckpt checkpoints JOB` for a job with no running rank-0 pod.
 
-A finished or deleted job's checkpoints are still on its storage, which only a pod can mount. So
-the CLI creates one in the job's namespace that mounts the job's own directory exactly as the
-webhook mounted it into the training pod (the webhook's `kubeckpt_api.storage.storage_plan`: the
-same path, so a recorded `latestCheckpoint` names the same location), but read-only, and runs the
-same listing the rank-0 pod runs (`python -m trainer_runtime.listing`). Its output is read from
-the pod's log.
+A finished or deleted job's checkpoints are still on its storage, which only a pod can reach. So
+the CLI creates one in the job's namespace that sees the job's own directory exactly as the
+webhook gave it to the training pod (the webhook's `kubeckpt_api.storage.storage_plan`: the
+same path or URI, so a recorded `latestCheckpoint` names the same location), and runs the same
+listing the rank-0 pod runs (`python -m trainer_runtime.listing`). Its output is read from the
+pod's log.
+
+- `pvc://`: the claim, mounted read-only at the job's subPath.
+- `s3://`: the job's prefix of the bucket, with the policy Secret's AWS_* keys (credentials,
+  region, endpoint) as env by `secretKeyRef`, as the training pod has them: the pod reads the
+  Secret, the CLI never does, and its values are never in the manifest. The image needs
+  fsspec/s3fs (the runtime image has them); one without is named (`missing_packages`).
+- `file://`: only inside the training pod (a path of its own filesystem): refused.
 
 Least privilege: non-root, read-only root filesystem, every capability dropped, no service
 account token, no Service links, small resource limits, `activeDeadlineSeconds` as the timeout.
@@ -13,8 +20,7 @@ It is deleted when the listing ends, however it ends; and pods a killed CLI left
 by their label and deleted by the next run (`remove_stale`).
 
 Storage: the namespace's CheckpointPolicy says it (`--policy` picks one; without it, the only
-`pvc://` policy, or the one whose mount path holds the recorded latest checkpoint). An `s3://`
-policy is not listed this way yet: the pod would need the bucket's credentials and s3fs.
+usable policy, or the one whose storage holds the recorded latest checkpoint).
 """
 
 from __future__ import annotations
@@ -73,28 +79,32 @@ class ListerStorage:
     """Where the job's checkpoints are, as the training pod saw them."""
 
     policy: str
-    checkpoint_uri: str  # the path inside the pod (the training pod's CHECKPOINT_URI)
-    volume: dict[str, Any]
-    mount: dict[str, Any]
+    checkpoint_uri: str  # the training pod's CHECKPOINT_URI: a path inside the pod, or s3://
+    volume: dict[str, Any] | None = None  # pvc://: the claim, and where it is mounted
+    mount: dict[str, Any] | None = None
+    env: tuple[dict[str, Any], ...] = ()  # s3://: the Secret's keys, by reference only
 
 
 def _usable(
     objs: Iterable[Mapping[str, Any]], identity: JobIdentity, namespace: str
 ) -> list[tuple[str, str, ListerStorage | None]]:
-    """(policy name, storage URI, storage or None when a pod cannot mount it) of each policy
-    that parses; an invalid one is skipped, as the webhook skips it."""
+    """(policy name, storage URI, storage or None when no other pod can reach it) of each
+    policy that parses; an invalid one is skipped, as the webhook skips it."""
     found = []
     for obj in objs:
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             continue
         try:
             policy = policy_from_object(obj)
-            uri, volume, mount, _ = storage_plan(policy, namespace, identity)
+            uri, volume, mount, env = storage_plan(policy, namespace, identity)
         except (ContractError, ValueError):
             continue
         storage = None
         if volume is not None and mount is not None:
             storage = ListerStorage(policy.name, uri, volume, dict(mount, readOnly=True))
+        elif uri.startswith("s3://"):
+            # The bucket is reached over the network: what the pod needs is the plan's env.
+            storage = ListerStorage(policy.name, uri, env=tuple(env))
         found.append((policy.name, policy.storage_uri, storage))
     return sorted(found)
 
@@ -112,7 +122,8 @@ def choose_storage(
 
     A deleted job's pods cannot say which policy the webhook chose (their labels are gone), so:
     `policy_name` when given; else, of the namespace's policies, the one whose mount path holds
-    the recorded latest checkpoint (`latest`); else the only one."""
+    the recorded latest checkpoint (`latest`: a path below a pvc:// mount path, or an s3:// URI
+    below the job's prefix); else the only one."""
     identity = JobIdentity(kind, job)
     found = _usable(policies, identity, namespace)
     if policy_name is not None:
@@ -136,12 +147,10 @@ def choose_storage(
     name, uri, storage = found[0]
     if storage is None:
         scheme = uri.split("://", 1)[0]
-        what = (
-            "an s3:// storage is not listed without a running pod yet"
-            if scheme == "s3"
-            else f"{scheme}:// storage is only inside the training pod"
+        raise CliError(
+            f'CheckpointPolicy "{clean(name)}" has {clean(uri)}: '
+            f"{scheme}:// storage is only inside the training pod"
         )
-        raise CliError(f'CheckpointPolicy "{clean(name)}" has {clean(uri)}: {what}')
     return storage
 
 
@@ -164,11 +173,27 @@ def lister_pod(
 ) -> dict[str, Any]:
     """The lister pod's manifest (pure: what it may do is all here). `placement`: the spec of
     a pod of the job, when one is left: its nodeSelector, affinity and tolerations are copied,
-    since its nodes could mount the storage and the namespace's pods may need them."""
+    since its nodes could mount the storage and the namespace's pods may need them. Storage: a
+    pvc:// claim read-only, or an s3:// prefix with the Secret's env by reference, nothing else."""
     placed = {k: (placement or {})[k] for k in PLACEMENT if (placement or {}).get(k)}
     args = ["--persistent", storage.checkpoint_uri]
     args += ["--max-entries", str(max_entries), "--max-bytes", str(max_bytes)]
     args += ["--verify"] if verify else []  # content hashes too, read-only still
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-m", MODULE, *args],
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}, *storage.env],
+        "resources": RESOURCES,
+        "securityContext": SECURITY_CONTEXT,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    volumes: dict[str, Any] = {}
+    if storage.volume is not None and storage.mount is not None:
+        container["volumeMounts"] = [storage.mount]
+        claim = dict(storage.volume["persistentVolumeClaim"], readOnly=True)
+        volumes["volumes"] = [{**storage.volume, "persistentVolumeClaim": claim}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -187,29 +212,20 @@ def lister_pod(
                 k: SECURITY_CONTEXT[k]
                 for k in ("runAsNonRoot", "runAsUser", "runAsGroup", "seccompProfile")
             },
-            "containers": [
-                {
-                    "name": CONTAINER,
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["python3", "-m", MODULE, *args],
-                    "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
-                    "volumeMounts": [storage.mount],
-                    "resources": RESOURCES,
-                    "securityContext": SECURITY_CONTEXT,
-                    "terminationMessagePolicy": "FallbackToLogsOnError",
-                }
-            ],
-            "volumes": [
-                {
-                    **storage.volume,
-                    "persistentVolumeClaim": dict(
-                        storage.volume["persistentVolumeClaim"], readOnly=True
-                    ),
-                }
-            ],
+            "containers": [container],
+            **volumes,
         },
     }
+
+
+def missing_packages(doc: Mapping[str, Any]) -> str | None:
+    """The packages the listing's Python lacked to read a tier (fsspec/s3fs for s3://), if
+    any: then the image is what to change, not the storage."""
+    tiers = doc.get("tiers")
+    for tier in tiers if isinstance(tiers, list) else []:  # the pod's output: any shape
+        if isinstance(tier, Mapping) and tier.get("missing"):
+            return clean(str(tier["missing"]), 60)
+    return None
 
 
 def default_image(environ: Mapping[str, str]) -> str:
@@ -304,9 +320,10 @@ async def run_lister_pod(
                 break
             await asyncio.sleep(POLL_SECONDS)
         if ended is None:
+            claim = " and that the claim can be mounted" if manifest["spec"].get("volumes") else ""
             raise CliError(
                 f"{where} did not finish in {timeout:g}s ({_waiting(pod)}): retry with a longer "
-                "--timeout, or check the image (--image) and that the claim can be mounted"
+                f"--timeout, or check the image (--image){claim}"
             )
         code = 0
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:

@@ -119,8 +119,9 @@ def parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--image",
-        help="the lister pod's image, one with kubeckpt's runtime (default: "
-        "$KUBECKPT_RUNTIME_IMAGE, else the webhook's default runtime image)",
+        help="the lister pod's image, one with kubeckpt's runtime, and fsspec/s3fs for an "
+        "s3:// policy (default: $KUBECKPT_RUNTIME_IMAGE, else the webhook's default runtime "
+        "image)",
     )
     _common(c, top=False)
 

@@ -314,16 +314,20 @@ def list_directory_tier(
 
 def list_s3_tier(uri: str, tier: str) -> tuple[list[dict[str, Any]], dict]:
     """The checkpoints under an s3:// URI, every generation (fsspec/s3fs, with the pod's AWS_*
-    credentials)."""
+    credentials). Without fsspec/s3fs the tier's `missing` names them."""
     summary: dict[str, Any] = {"tier": tier, "root": _text(uri), "error": None}
     found: list[dict[str, Any]] = []
     base = uri.rstrip("/")
     try:
-        from .storage import _s3_filesystem
+        from .storage import S3Unavailable, _s3_filesystem
 
         fs = _s3_filesystem()
         root = base.split("://", 1)[1]
         names = [(0, root, str(k)) for k in fs.ls(root, detail=False)[:MAX_DIR_ENTRIES]]
+    except S3Unavailable as e:
+        # This Python lacks the packages: `missing` lets a caller name the image to change.
+        summary.update(error=_text(f"cannot list: {e}"), missing=e.packages)
+        return found, summary
     except FileNotFoundError:
         summary["error"] = "does not exist (no checkpoint written yet?)"
         return found, summary

@@ -38,6 +38,13 @@ class StorageError(RuntimeError):
     """A tier cannot be used (missing optional dependency, unsupported URI)."""
 
 
+class S3Unavailable(StorageError):
+    """s3:// without fsspec/s3fs in this Python: the image lacks them (not the bucket's fault),
+    which the listing reports apart so that the CLI can name the image."""
+
+    packages = "fsspec/s3fs"
+
+
 class Tier:
     """Interface of a checkpoint tier. `name` is the manifest's tier: "local" or "persistent".
 
@@ -327,7 +334,7 @@ def _s3_filesystem() -> Any:
     try:
         import fsspec  # optional dependency, imported only for s3:// URIs
     except ImportError as e:
-        raise StorageError(
+        raise S3Unavailable(
             "CHECKPOINT_URI is s3:// but fsspec/s3fs are not installed: pip install 'kubeckpt[s3]'"
         ) from e
     kwargs: dict[str, Any] = {"skip_instance_cache": True, "use_listings_cache": False}
@@ -336,7 +343,9 @@ def _s3_filesystem() -> Any:
         kwargs["client_kwargs"] = {"endpoint_url": endpoint}
     try:
         return fsspec.filesystem("s3", **kwargs)
-    except (ImportError, ValueError) as e:
+    except ImportError as e:  # fsspec without s3fs
+        raise S3Unavailable(f"cannot use s3:// ({e}): pip install 'kubeckpt[s3]'") from e
+    except ValueError as e:
         raise StorageError(f"cannot use s3:// ({e}): pip install 'kubeckpt[s3]'") from e
 
 

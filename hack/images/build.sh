@@ -5,7 +5,8 @@
 #   init        kubeckpt.local/pytorch-init:local       docker/pytorch-init.Dockerfile: the init
 #                                                       container the training-operator adds to workers
 #   controller  kubeckpt.local/kubeckpt:local           Dockerfile (webhook and reconciler)
-#   runtime     kubeckpt.local/kubeckpt-runtime:local   docker/runtime.Dockerfile (zero-code init)
+#   runtime     kubeckpt.local/kubeckpt-runtime:local   docker/runtime.Dockerfile (zero-code init,
+#                                                       the lister pod: with fsspec/s3fs)
 #   training    kubeckpt.local/kubeckpt-training:local  docker/training.Dockerfile (CPU torch, HF)
 # The Dockerfiles are built with buildah (chroot isolation, layer cache) on the base made here.
 # Each image is saved as a docker-archive under ~/.cache/kubeckpt/images/ (KUBECKPT_CACHE), named
@@ -69,7 +70,8 @@ compute_keys() {
     kubeckpt_api progress_controller reconciler webhook trainer_runtime kubeckpt_cli)" | sha256sum | cut -c1-16)
   KEY[init]=$(printf '%s %s' "$b" "$(hash_inputs docker/pytorch-init.Dockerfile docker/nslookup.py)" |
     sha256sum | cut -c1-16)
-  KEY[runtime]=$(printf '%s %s' "$b" "$(hash_inputs docker/runtime.Dockerfile trainer_runtime)" |
+  KEY[runtime]=$(printf '%s %s' "$b" "$(hash_inputs docker/runtime.Dockerfile \
+    docker/runtime-requirements.txt trainer_runtime)" |
     sha256sum | cut -c1-16)
   # The training image's dependencies (its Dockerfile's `deps` stage), a tagged image of the
   # store rather than an archive: nothing runs it, and the training build starts from it.

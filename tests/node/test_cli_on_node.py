@@ -6,21 +6,23 @@ host's copy of the volume shows the same table."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from localcluster import LocalCluster, wait_for
-from localcluster.cluster import KWOK_TAINT
 from localcluster.images import IMAGES
-from localcluster.node import REAL_NODE_LABEL, REAL_NODE_TAINT
 from localcluster.pods import running, wait_pod
 from tests.support.cli_objects import run_cli, tp, training_status
-from tests.support.node_pods import RUNTIME_IMAGE, load_demo, pod
+from tests.support.node_pods import (
+    RUNTIME_IMAGE,
+    lister_pods,
+    load_demo,
+    only_the_real_node_schedulable,
+    pod,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -178,35 +180,6 @@ def table_rows(stdout: str) -> list[list[str]]:
     lines = stdout.splitlines()
     assert lines[0].split()[:5] == ["TIER", "CHECKPOINT", "STEP", "STATE", "REASON"], stdout
     return [ln.split()[:5] for ln in lines[1:4]]
-
-
-def lister_pods(cluster: LocalCluster, ns: str) -> list[str]:
-    out = cluster.kubectl(
-        "get", "pods", "-n", ns, "-l", "kubeckpt.io/checkpoint-lister=true", "-o", "name"
-    )
-    return out.stdout.split()
-
-
-@contextlib.contextmanager
-def only_the_real_node_schedulable(cluster: LocalCluster) -> Iterator[None]:
-    """A deleted job leaves no pod whose placement the lister pod could copy: for the while, the
-    real node takes pods that do not tolerate its taint, and the KWOK nodes none."""
-    names = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-    real = [n["metadata"]["name"] for n in names if REAL_NODE_LABEL in n["metadata"]["labels"]]
-    kwok = [n["metadata"]["name"] for n in names if n["metadata"]["name"] not in real]
-    taint = f"{REAL_NODE_TAINT['key']}={REAL_NODE_TAINT['value']}:{REAL_NODE_TAINT['effect']}"
-    fake = f"{KWOK_TAINT['key']}={KWOK_TAINT['value']}:{KWOK_TAINT['effect']}"
-    for n in kwok:
-        cluster.kubectl("taint", "nodes", n, fake, "--overwrite")
-    for n in real:
-        cluster.kubectl("taint", "nodes", n, f"{taint}-", check=False)
-    try:
-        yield
-    finally:
-        for n in real:
-            cluster.kubectl("taint", "nodes", n, taint, "--overwrite", check=False)
-        for n in kwok:
-            cluster.kubectl("taint", "nodes", n, f"{fake}-", check=False)
 
 
 def test_checkpoints_of_a_succeeded_then_deleted_job_through_a_lister_pod(

@@ -3,7 +3,9 @@ CheckpointPolicy whose storage is a bucket on a real S3 server (SeaweedFS, a hos
 pods reach at the node's address: LocalCluster.start_seaweedfs), the credentials in a Secret named
 by `storage.secretRef`, as users give them. Preempted by `kubectl drain`: both ranks upload a
 just-in-time checkpoint to the bucket, the operator recreates the pods, both resume at exactly that
-step from the bucket, and the final parameters equal an uninterrupted copy's, bit for bit."""
+step from the bucket, and the final parameters equal an uninterrupted copy's, bit for bit. Then,
+after the job succeeded and after it was deleted, `kubeckpt checkpoints` lists the bucket through
+a lister pod (the runtime image, its s3fs; the Secret's keys by reference) with their REASONs."""
 
 from __future__ import annotations
 
@@ -20,7 +22,13 @@ from localcluster import addon as kubeckpt_addon
 from localcluster.node import RealNode
 from localcluster.pods import running, wait_pod
 from localcluster.seaweedfs import SeaweedFS
-from tests.support.node_pods import load_demo
+from tests.support.cli_objects import run_cli
+from tests.support.node_pods import (
+    RUNTIME_IMAGE,
+    lister_pods,
+    load_demo,
+    only_the_real_node_schedulable,
+)
 from trainer_runtime.contract import INCOMPLETE_SENTINEL, MANIFEST_FILE
 
 pytestmark = pytest.mark.timeout(900)
@@ -83,6 +91,35 @@ def _succeeded(cluster: LocalCluster, ns: str, job: str) -> bool:
         return False
     conds = (json.loads(p.stdout).get("status") or {}).get("conditions") or []
     return any(c["type"] == "Succeeded" and c["status"] == "True" for c in conds)
+
+
+def _bucket_reasons(fs: Any, job_root: str) -> dict[str, str]:
+    """The job's complete checkpoints in the bucket, named as the CLI names them (relative to
+    its prefix: `checkpoint-N`, or `generation-G/checkpoint-N`), with their manifest's reason."""
+    fs.invalidate_cache()
+    found = {}
+    for key in fs.find(job_root):
+        m = re.fullmatch(
+            rf"((?:generation-\d+/)?checkpoint-\d+)/{MANIFEST_FILE}", key[len(job_root) + 1 :]
+        )
+        if m and not fs.exists(f"{job_root}/{m.group(1)}/{INCOMPLETE_SENTINEL}"):
+            found[m.group(1)] = json.loads(fs.cat_file(key)).get("reason") or "-"
+    return found
+
+
+def _listed_through_lister(cluster: LocalCluster, ns: str, *extra: str) -> list[list[str]]:
+    """`kubeckpt checkpoints JOB` through a lister pod of the runtime image: its table's rows
+    (TIER, CHECKPOINT, STEP, STATE, REASON), once the pod is gone again."""
+    cli = ("--kubeconfig", str(cluster.kubeconfig), "checkpoints", JOB, "-n", ns, *extra)
+    done = run_cli(*cli, "--image", RUNTIME_IMAGE, "--timeout", "120", timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert f"listing through lister pod kubeckpt-ls-{JOB}-" in done.stderr, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines and lines[0].split()[:5] == ["TIER", "CHECKPOINT", "STEP", "STATE", "REASON"], (
+        done.stdout
+    )
+    wait_for(lambda: lister_pods(cluster, ns) == [], "the lister pod to be deleted", timeout=60)
+    return [ln.split()[:5] for ln in lines[1:] if ln.startswith("persistent ")]
 
 
 def _final_digest(cluster: LocalCluster, ns: str, job: str) -> str | None:
@@ -186,3 +223,37 @@ def test_pytorchjob_on_s3_drained_and_resumed_exactly(
     fs.invalidate_cache()
     assert fs.find(f"{BUCKET}/{PREFIX}/{PYTORCHJOB.storage_dir(ns, REFERENCE)}")
     assert "resumed from" not in _logs(cluster, ns, f"{REFERENCE}-master-0")
+
+    # Succeeded: its pods are left, not running. A lister pod (placed as they were) lists the
+    # bucket's checkpoints with their manifests' REASONs; the one the run resumed from is marked.
+    reasons = _bucket_reasons(fs, job_root)
+    assert reasons, "no complete checkpoint left in the bucket"
+    progress = json.loads(cluster.kubectl("get", "tp", JOB, "-n", ns, "-o", "json").stdout)
+    resumed_from = (progress.get("status") or {}).get("resumedFrom")
+    succeeded = _listed_through_lister(cluster, ns)
+    assert {r[1] for r in succeeded} == set(reasons), (succeeded, reasons)
+    for _, name, step, state, reason in succeeded:
+        assert state == "complete" and name.endswith(f"checkpoint-{step}"), succeeded
+        # status.resumedFrom: the checkpoint's name relative to the prefix, or its location
+        resumed = resumed_from in (name, f"s3://{job_root}/{name}")
+        marked = ",resumed-from" if resumed else ""
+        assert reason == reasons[name] + marked, (name, reason, reasons, resumed_from)
+    assert set(reasons.values()) <= {"periodic", "jit"}, reasons
+
+    # Deleted: its pods and TrainingProgress go with it; --kind names what it was, and the
+    # lister pod, with no pod to copy its placement from, goes to the real node
+    cluster.kubectl("delete", "pytorchjob", JOB, "-n", ns, "--wait=true", timeout=120)
+    wait_for(
+        lambda: (
+            cluster.kubectl("get", "tp", JOB, "-n", ns, check=False).returncode != 0
+            and not cluster.kubectl(
+                "get", "pods", "-n", ns, "-l", f"training.kubeflow.org/job-name={JOB}", "-o", "name"
+            ).stdout.strip()
+        ),
+        "the job's pods and TrainingProgress to go",
+        timeout=120,
+    )
+    with only_the_real_node_schedulable(cluster):
+        deleted = _listed_through_lister(cluster, ns, "--kind", "PyTorchJob")
+    assert [r[:4] for r in deleted] == [r[:4] for r in succeeded]
+    assert {r[1]: r[4] for r in deleted} == reasons  # from the manifests alone now

@@ -87,9 +87,11 @@ def injected_pod(
     index: int = 0,
     *,
     storage: str = "pvc://ckpt/runs",
+    secret: str | None = None,
 ) -> dict[str, Any]:
     """A PyTorchJob pod as the training-operator creates it, mutated as the webhook does (the
-    storage `file://...` for pods that must start on KWOK nodes: no claim to bind)."""
+    storage `file://...` for pods that must start on KWOK nodes: no claim to bind; `secret`:
+    the policy's storage.secretRef)."""
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -113,6 +115,8 @@ def injected_pod(
     policy = copy.deepcopy(POLICY)
     policy["metadata"]["namespace"] = namespace
     policy["spec"]["storage"]["uri"] = storage
+    if secret is not None:
+        policy["spec"]["storage"]["secretRef"] = {"name": secret}
     # The webhook injects only a pod its job controls: mutated with the operator's controller
     # reference, returned without it, since these tests create the pod without its PyTorchJob
     # (the garbage collector deletes a pod whose owner does not exist).

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from localcluster import LocalCluster
 from localcluster.addon import real_node_placement
+from localcluster.cluster import KWOK_TAINT
 from localcluster.images import IMAGES
+from localcluster.node import REAL_NODE_LABEL, REAL_NODE_TAINT
 
 RUNTIME_IMAGE = IMAGES["runtime"]
 REPO = Path(__file__).resolve().parents[2]
@@ -32,3 +38,32 @@ def pod(name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, A
         "metadata": {"name": name},
         "spec": real_node_placement({"containers": containers, **spec}),
     }
+
+
+def lister_pods(cluster: LocalCluster, ns: str) -> list[str]:
+    out = cluster.kubectl(
+        "get", "pods", "-n", ns, "-l", "kubeckpt.io/checkpoint-lister=true", "-o", "name"
+    )
+    return out.stdout.split()
+
+
+@contextlib.contextmanager
+def only_the_real_node_schedulable(cluster: LocalCluster) -> Iterator[None]:
+    """A deleted job leaves no pod whose placement the lister pod could copy: for the while, the
+    real node takes pods that do not tolerate its taint, and the KWOK nodes none."""
+    names = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    real = [n["metadata"]["name"] for n in names if REAL_NODE_LABEL in n["metadata"]["labels"]]
+    kwok = [n["metadata"]["name"] for n in names if n["metadata"]["name"] not in real]
+    taint = f"{REAL_NODE_TAINT['key']}={REAL_NODE_TAINT['value']}:{REAL_NODE_TAINT['effect']}"
+    fake = f"{KWOK_TAINT['key']}={KWOK_TAINT['value']}:{KWOK_TAINT['effect']}"
+    for n in kwok:
+        cluster.kubectl("taint", "nodes", n, fake, "--overwrite")
+    for n in real:
+        cluster.kubectl("taint", "nodes", n, f"{taint}-", check=False)
+    try:
+        yield
+    finally:
+        for n in real:
+            cluster.kubectl("taint", "nodes", n, taint, "--overwrite", check=False)
+        for n in kwok:
+            cluster.kubectl("taint", "nodes", n, f"{fake}-", check=False)

@@ -1,8 +1,11 @@
 """`kubeckpt checkpoints JOB` for a job with no running rank-0 pod, against the local control
 plane: the lister pod the CLI creates (what it may do, what it mounts, its deadline), its
 deletion when the listing fails, leftovers of an earlier run, and the errors when no lister pod
-can help. KWOK runs no containers (the pod never ends here): the listing itself, after a job
-succeeded and after it was deleted, is tests/node/test_cli_on_node.py's."""
+can help; for an s3:// policy, the pod with the policy Secret's keys by reference, its log (the
+listing of a real bucket, the session's SeaweedFS) as the table, and an image without s3fs named.
+KWOK runs no containers (the pod never ends here unless a test ends it): the listing in a real
+pod, after a job succeeded and after it was deleted, is tests/node/test_cli_on_node.py's (PVC)
+and tests/node/test_s3_on_node.py's (s3://)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +22,12 @@ import pytest
 
 from kubeckpt_cli.lister_pod import JOB_LABEL, LISTER_LABEL
 from localcluster import LocalCluster, wait_for
+from localcluster.seaweedfs import SeaweedFS
 from tests.support.cli_objects import POLICY, REPO, run_cli, tp, training_status
 from tests.support.node_pods import load_demo
+from tests.support.s3 import BUCKET
 from trainer_runtime.contract import build_manifest
-from trainer_runtime.storage import LocalTier
+from trainer_runtime.storage import LocalTier, S3Tier
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,11 +49,17 @@ def apply_policy(cluster: LocalCluster, ns: str, name: str, uri: str) -> None:
     cluster.apply(policy)
 
 
-def finished_job(cluster: LocalCluster, ns: str, job: str) -> None:
+def finished_job(
+    cluster: LocalCluster, ns: str, job: str, latest: str | None = None, reason: str | None = None
+) -> None:
     """A TrainingProgress as a succeeded job leaves it: its pod gone, its latest checkpoint."""
     cluster.apply(tp(job, ns))
     status = training_status(100, observedPod=f"{job}-master-0")
-    status["checkpointing"]["latestCheckpoint"] = f"/mnt/kubeckpt/{ns}/{job}/checkpoint-100"
+    status["checkpointing"]["latestCheckpoint"] = (
+        latest or f"/mnt/kubeckpt/{ns}/{job}/checkpoint-100"
+    )
+    if reason:
+        status["checkpointing"]["latestCheckpointReason"] = reason
     cluster.kubectl(
         "patch", "tp", job, "-n", ns, "--subresource=status", "--type=merge",
         "-p", json.dumps({"status": status}),
@@ -170,22 +182,22 @@ def test_when_no_lister_pod_can_help(cluster: LocalCluster, namespace: str, tmp_
         f'lister pod can mount its storage: no usable CheckpointPolicy in namespace "{namespace}" '
         "says where; pass --storage PATH with the storage mounted here\n"
     )
-    # An object store: not listed without a running pod (yet)
-    apply_policy(cluster, namespace, "s3", "s3://bucket/runs")
+    # A path of the training pod's own filesystem: no other pod reaches it
+    apply_policy(cluster, namespace, "local", "file:///data/ckpt")
     finished_job(cluster, namespace, "bert")
-    s3 = kubeckpt(cluster, "checkpoints", "bert", "-n", namespace)
-    assert s3.returncode == 3
+    local = kubeckpt(cluster, "checkpoints", "bert", "-n", namespace)
+    assert local.returncode == 3
     assert (
-        'CheckpointPolicy "s3" has s3://bucket/runs: an s3:// storage is not listed without a '
-        "running pod yet; pass --storage PATH" in s3.stderr
+        'CheckpointPolicy "local" has file:///data/ckpt: file:// storage is only inside the '
+        "training pod; pass --storage PATH" in local.stderr
     )
     assert f"the latest checkpoint recorded is /mnt/kubeckpt/{namespace}/bert/checkpoint-100" in (
-        s3.stderr
+        local.stderr
     )
     assert lister_pods(cluster, namespace) == {}
 
     # A user who may read but not create pods: the lister's rights, named
-    cluster.kubectl("delete", "checkpointpolicy", "s3", "-n", namespace)
+    cluster.kubectl("delete", "checkpointpolicy", "local", "-n", namespace)
     apply_policy(cluster, namespace, "pvc", "pvc://ckpt/runs")
     cluster.kubectl("create", "serviceaccount", "reader", "-n", namespace)
     kc = cluster.token_kubeconfig(tmp_path / "reader", "reader", namespace)
@@ -285,4 +297,144 @@ def test_the_lister_pods_log_is_the_table(
         ["persistent", "checkpoint-20", "20", "complete", "-"],
         ["persistent", "checkpoint-10", "10", "complete", "periodic"],
     ]
+    wait_for(lambda: lister_pods(cluster, namespace) == {}, "the lister pod to go", timeout=30)
+
+
+def end_on_kwok(cluster: LocalCluster, ns: str, name: str, listing: bytes, tmp_path: Path) -> None:
+    """End a running lister pod as the kubelet would, its log the listing's output (KWOK's
+    Logs serves a file in the container runtime's log format, as the kubelet reads it)."""
+    log = tmp_path / f"{name}.log"
+    log.write_bytes(b"2026-03-01T12:00:00.000000000Z stdout F " + listing)
+    cluster.apply(
+        {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "Logs",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"logs": [{"containers": ["list"], "logsFile": str(log)}]},
+        }
+    )
+    ended = {
+        "phase": "Succeeded",
+        "containerStatuses": [
+            {
+                "name": "list",
+                "image": "x",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+            }
+        ],
+    }
+    cluster.kubectl(
+        "patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": ended}),
+    )  # fmt: skip
+
+
+def list_through_kwok(
+    cluster: LocalCluster, ns: str, job: str, listing: bytes, tmp_path: Path
+) -> tuple[subprocess.Popen[str], dict[str, Any], str, str]:
+    """`kubeckpt checkpoints JOB`, its lister pod ended on KWOK with `listing` as its log:
+    (the finished CLI, the pod as it ran, stdout, stderr)."""
+    proc = start_cli(
+        cluster, "checkpoints", job, "-n", ns, "--timeout", "60", "--image", "lister:1"
+    )
+    running: dict[str, Any] = {}
+
+    def runs_on_kwok() -> bool:
+        for pod in lister_pods(cluster, ns).values():
+            if (pod.get("status") or {}).get("phase") == "Running":
+                running.update(pod)
+                return True
+        return False
+
+    try:
+        wait_for(runs_on_kwok, "the lister pod to run", timeout=40)
+        end_on_kwok(cluster, ns, running["metadata"]["name"], listing, tmp_path)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return proc, running, out, err
+
+
+def test_the_lister_pod_for_a_job_on_s3(
+    cluster: LocalCluster,
+    namespace: str,
+    seaweedfs: SeaweedFS,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """An s3:// policy: the pod reaches the bucket with the policy Secret's keys, by reference
+    (the CLI never reads the Secret), and shows the bucket's checkpoints with their REASONs;
+    an image without s3fs is named."""
+    prefix = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}"
+    uri = f"{prefix}/{namespace}/llama"
+    secret = seaweedfs.secret("s3-credentials")
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(secret))
+    policy = copy.deepcopy(POLICY)
+    policy["metadata"] = {"name": "s3", "namespace": namespace}
+    policy["spec"]["storage"] = {"uri": prefix, "secretRef": {"name": "s3-credentials"}}
+    cluster.apply(policy)
+    # A PVC policy beside it: the recorded latest checkpoint says which one held the job's
+    apply_policy(cluster, namespace, "pvc", "pvc://ckpt/runs")
+    finished_job(cluster, namespace, "llama", latest=f"{uri}/checkpoint-20", reason="jit")
+    # The job's checkpoints, written by the runtime's S3 tier as the training pod wrote them
+    aws = seaweedfs.aws_env()
+    for key, value in aws.items():
+        monkeypatch.setenv(key, value)
+    tier = S3Tier(uri, tmp_path / "staging")
+    for step, extra in ((10, {"reason": "periodic"}), (20, {})):
+        d = tier.begin(step)
+        (d / "model.pt").write_bytes(b"m" * 64)
+        tier.publish(step, ["model.pt"])
+        tier.commit(step, build_manifest(
+            d, step=step, epoch=0, world_size=1, framework="torch", tier=tier.name, extra=extra
+        ))  # fmt: skip
+    # What the pod's listing prints, with the Secret's keys in its env as the kubelet sets them
+    listed = subprocess.run(
+        [sys.executable, "-m", "trainer_runtime.listing", "--persistent", uri],
+        capture_output=True, check=True, cwd=REPO, env={"PYTHONPATH": str(REPO), **aws},
+    ).stdout  # fmt: skip
+
+    proc, pod, out, err = list_through_kwok(cluster, namespace, "llama", listed, tmp_path)
+    assert proc.returncode == 0, err
+    rows = [ln.split()[:5] for ln in out.splitlines()]
+    assert rows == [
+        ["TIER", "CHECKPOINT", "STEP", "STATE", "REASON"],
+        ["persistent", "checkpoint-20", "20", "complete", "jit"],  # from the TrainingProgress
+        ["persistent", "checkpoint-10", "10", "complete", "periodic"],
+    ]
+    # What it could do: reach the job's prefix with the Secret's keys, nothing more
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["activeDeadlineSeconds"] == 60 and spec["restartPolicy"] == "Never"
+    (c,) = spec["containers"]
+    assert c["command"][:5] == ["python3", "-m", "trainer_runtime.listing", "--persistent", uri]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "volumes" not in spec and "volumeMounts" not in c
+    refs = {e["name"]: e for e in c["env"] if e["name"] != "PYTHONDONTWRITEBYTECODE"}
+    assert set(aws) <= set(refs)
+    for e in refs.values():
+        assert e["valueFrom"]["secretKeyRef"]["name"] == "s3-credentials" and "value" not in e
+    text = json.dumps(pod)
+    assert aws["AWS_SECRET_ACCESS_KEY"] not in text and aws["AWS_ACCESS_KEY_ID"] not in text
+    wait_for(lambda: lister_pods(cluster, namespace) == {}, "the lister pod to go", timeout=30)
+
+    # An image whose Python has no s3fs: named, with what to do (-S: no site-packages here)
+    bare = subprocess.run(
+        [sys.executable, "-S", "-m", "trainer_runtime.listing", "--persistent", uri],
+        capture_output=True, check=True, cwd=REPO, env={"PYTHONPATH": str(REPO), **aws},
+    ).stdout  # fmt: skip
+    proc, pod, out, err = list_through_kwok(cluster, namespace, "llama", bare, tmp_path)
+    name = pod["metadata"]["name"]
+    assert proc.returncode == 1 and out == "", (out, err)
+    assert err.splitlines()[-1] == (
+        f"kubeckpt: the image of lister pod {name}, lister:1, has no fsspec/s3fs to read {uri}: "
+        "pass --image with one that has them (kubeckpt's runtime image, or the job's own "
+        "training image)"
+    )
     wait_for(lambda: lister_pods(cluster, namespace) == {}, "the lister pod to go", timeout=30)

@@ -336,3 +336,26 @@ def test_s3_tier(s3_root, tmp_path: Path) -> None:
     assert INCOMPLETE_SENTINEL not in json.dumps(cs["checkpoint-6"]["problems"])
     missing = listing.listing("s3://listing-test/none", None)
     assert missing["checkpoints"] == [] and missing["tiers"][0]["error"]
+
+
+def test_s3_without_s3fs_names_the_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsspec without s3fs (and neither, tests/unit/cli): the tier's `missing` says so, apart
+    from a bucket's or the credentials' errors, which do not set it."""
+    import fsspec  # noqa: F401 - installed here: only s3fs is made to be missing
+
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # `import s3fs` raises ImportError
+    # The s3 class an earlier test loaded, forgotten: fsspec imports s3fs again
+    monkeypatch.delitem(sys.modules["fsspec.registry"]._registry, "s3", raising=False)
+    doc = listing.listing("s3://bucket/runs/team-a/j", None)
+    (tier,) = doc["tiers"]
+    assert tier["missing"] == "fsspec/s3fs" and tier["error"].startswith("cannot list: ")
+    assert "pip install 'kubeckpt[s3]'" in tier["error"]
+    assert doc["checkpoints"] == []
+    monkeypatch.undo()
+    # With s3fs, a bucket that cannot be reached is the storage's error: no `missing`
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    unreachable = listing.listing("s3://bucket/runs", None)
+    assert unreachable["tiers"][0]["error"] and "missing" not in unreachable["tiers"][0]
