@@ -89,7 +89,7 @@ class SentinelSource(Protocol):
 
 
 def grace_of(record: bytes) -> float:
-    """The writer's grace in seconds from its sentinel's body (heartbeat.owner_record), 0 when
+    """The writer's grace in seconds from its sentinel's body (heartbeat.owner), 0 when
     the body says none: hostile or foreign bodies (not JSON, not an object, not a finite number)
     count as 0, and it is at most MAX_GRACE_SECONDS."""
     try:

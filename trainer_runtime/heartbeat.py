@@ -1,15 +1,15 @@
 """The writer's side of the hand-over (handover.py): a checkpoint being written says so.
 
-While a checkpoint is written, its sentinel holds who writes it (`owner_record`) and a daemon
-thread (`Heartbeat`) changes it every HEARTBEAT_SECONDS until the checkpoint is committed or
-discarded, or the process dies. A replacement pod's restore waits while the sentinel still
-changes (handover.py, the reader's side). On a filesystem the beat touches the file (`start`: its
+While a checkpoint is written, its sentinel holds who writes it (`owner`) and a daemon thread
+(`Heartbeat`) changes it every HEARTBEAT_SECONDS until the checkpoint is committed or discarded,
+or the process dies. A replacement pod's restore waits while the sentinel still changes
+(handover.py, the reader's side). On a filesystem the beat touches the file (`start`: its
 modification time changes; the thread ends by itself once the sentinel is gone); in an object
 store, which has no modification time to touch, it re-uploads the sentinel with a body that
-differs each time (`owner_record(beat=n)`: its ETag changes), and the writer stops it before it
-commits or discards (storage.S3Tier), since a PUT would recreate a deleted sentinel. layout.py
-and storage.py start the beat when they create the sentinel. Kept apart from handover.py so that
-the writers need nothing of the reader.
+differs each time (`start_upload`: a counter `beat`, so its ETag changes), and the writer stops
+it before it commits or discards (storage.S3Tier), since a PUT would recreate a deleted
+sentinel. layout.py and storage.py start the beat when they create the sentinel. Kept apart from
+handover.py so that the writers need nothing of the reader.
 """
 
 from __future__ import annotations
@@ -42,12 +42,9 @@ def wait_timeout(environ: dict[str, str] | None = None) -> float:
     return value if value > 0 else DEFAULT_WAIT_SECONDS
 
 
-def owner_record(*, beat: int | None = None, since: float | None = None) -> str:
-    """What the sentinel says about its writer (for people reading the volume, and the writer's
-    grace for the reader). `beat`: the heartbeat's count, for a sentinel that is re-uploaded
-    rather than touched (its body must change for its ETag to); `since`: when the save began
-    (now by default)."""
-    record: dict[str, object] = {
+def owner(since: float | None = None) -> dict[str, object]:
+    """Who writes the checkpoint (for people reading the volume) and its grace (for the reader)."""
+    return {
         "writer": "kubeckpt",
         "host": socket.gethostname(),  # the pod's name in Kubernetes
         "pid": os.getpid(),
@@ -56,9 +53,11 @@ def owner_record(*, beat: int | None = None, since: float | None = None) -> str:
         # longer than the replacement's (the webhook sizes each pod's at its creation).
         "graceSeconds": wait_timeout(),
     }
-    if beat is not None:
-        record["beat"] = beat
-    return json.dumps(record) + "\n"
+
+
+def owner_record() -> str:
+    """A sentinel file's body: `owner()` as JSON."""
+    return json.dumps(owner()) + "\n"
 
 
 class Heartbeat(threading.Thread):
@@ -97,10 +96,16 @@ def start(sentinel: Path) -> Heartbeat:
 
 
 def start_upload(name: str, put: Callable[[bytes], object]) -> Heartbeat:
-    """Re-upload a sentinel object with `put(body)`, its body changing each time, until stopped:
-    the writer must stop it (and join it) before the sentinel is deleted, or a PUT in flight
-    would bring it back."""
-    since = time.time()
-    hb = Heartbeat(name, lambda n: put(owner_record(beat=n, since=since).encode()))
+    """Upload a sentinel object with `put(body)` now (its errors raise), then re-upload it every
+    HEARTBEAT_SECONDS with the same owner record and a counter `beat` (0, 1, 2, ...: the body,
+    and so the ETag, changes each time) until stopped. The writer must stop it (and join it)
+    before the sentinel is deleted, or a PUT in flight would bring it back."""
+    record = owner()
+
+    def body(n: int) -> bytes:
+        return (json.dumps({**record, "beat": n}) + "\n").encode()
+
+    put(body(0))
+    hb = Heartbeat(name, lambda n: put(body(n)))
     hb.start()
     return hb
