@@ -4,7 +4,9 @@ Every tier gives writers a local directory (`write_dir`) and keeps the layout pr
 layout.py, generations included (`<root>/generation-<N>/checkpoint-<step>`, generations.py). For
 s3:// that directory is a staging copy: each rank uploads its own files (`publish`), and the
 coordinator commits by uploading the manifest last and deleting the sentinel, so a checkpoint
-counts only once every byte is in the bucket. fsspec/s3fs are imported only when an
+counts only once every byte is in the bucket. Meanwhile the coordinator re-uploads the sentinel
+every second with a changing body (heartbeat.py), and a replacement pod's restore waits while
+its ETag changes (handover.py; `Tier.sentinels`). fsspec/s3fs are imported only when an
 s3:// URI is used, so the core stays standard-library only.
 """
 
@@ -14,10 +16,11 @@ import dataclasses
 import logging
 import os
 import shutil
+from collections.abc import Hashable
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Final
 
-from . import layout
+from . import handover, heartbeat, layout
 from .contract import (
     INCOMPLETE_SENTINEL,
     MANIFEST_FILE,
@@ -102,6 +105,11 @@ class Tier:
         """Every incomplete checkpoint, in every generation (never complete ones)."""
         raise NotImplementedError
 
+    def sentinels(self) -> handover.SentinelSource | None:
+        """What a replacement's restore watches for a save in flight (handover.py); None: the
+        tier has no sentinels to watch."""
+        return None
+
     def retain(self, keep: int) -> list[int]:
         """Retention in the generation being written, by commit order (generations.expired)."""
         raise NotImplementedError
@@ -171,6 +179,9 @@ class LocalTier(Tier):
     def remove_incomplete(self) -> list[int]:
         return layout.remove_incomplete(self.root)
 
+    def sentinels(self) -> handover.SentinelSource:
+        return handover.Directory(self.root)
+
     def retain(self, keep: int) -> list[int]:
         return layout.retain(self.root, keep, self.generation)
 
@@ -197,6 +208,7 @@ class S3Tier(Tier):
         self.staging = Path(staging_dir)
         self.fs = fs if fs is not None else _s3_filesystem()
         self.generation = 0
+        self._beats: dict[str, heartbeat.Heartbeat] = {}  # sentinel key -> its heartbeat
 
     def __repr__(self) -> str:
         return f"S3Tier({self.uri})"
@@ -254,8 +266,15 @@ class S3Tier(Tier):
         return out
 
     def begin(self, step: int) -> Path:
+        sentinel = self._key(step, INCOMPLETE_SENTINEL)
+        self._stop_beat(sentinel)
         self._rm(step)
-        self.fs.pipe(self._key(step, INCOMPLETE_SENTINEL), b"being uploaded\n")
+        # The sentinel, then one small PUT a second on a daemon thread while the upload runs: a
+        # replacement pod's restore waits while it beats (handover.py). Stopped before the
+        # sentinel is deleted (`_stop_beat`).
+        self._beats[sentinel] = heartbeat.start_upload(
+            checkpoint_dir_name(step), lambda body: self.fs.pipe(sentinel, body)
+        )
         local = self.write_dir(step)
         shutil.rmtree(local, ignore_errors=True)
         local.mkdir(parents=True)
@@ -270,14 +289,27 @@ class S3Tier(Tier):
             self.fs.put_file(str(local / rel), self._key(step, rel))
 
     def commit(self, step: int, manifest: Manifest) -> str:
+        sentinel = self._key(step, INCOMPLETE_SENTINEL)
+        # Stopped first: a beat after the delete would bring the sentinel back, and the
+        # committed checkpoint would read as incomplete (and be removed at the next resume).
+        # The manifest's small PUT is well within STALE_SECONDS of the last beat.
+        self._stop_beat(sentinel)
         self.fs.pipe(self._key(step, MANIFEST_FILE), manifest.to_json().encode("utf-8"))
-        self.fs.rm(self._key(step, INCOMPLETE_SENTINEL))
+        self.fs.rm(sentinel)
         return self.location(step)
+
+    def _stop_beat(self, sentinel: str) -> None:
+        """Stop the heartbeat of `sentinel` and wait for a PUT it has in flight."""
+        beat = self._beats.pop(sentinel, None)
+        if beat is not None:
+            beat.stop()
+            beat.join()
 
     def release(self, step: int) -> None:
         shutil.rmtree(self.write_dir(step), ignore_errors=True)
 
     def discard(self, step: int) -> None:
+        self._stop_beat(self._key(step, INCOMPLETE_SENTINEL))
         self._rm(step)
         self.release(step)
 
@@ -298,6 +330,9 @@ class S3Tier(Tier):
         for e in removed:
             self._rm(e.step, e.generation)
         return [e.step for e in removed]
+
+    def sentinels(self) -> handover.SentinelSource:
+        return S3Sentinels(self)
 
     def retain(self, keep: int) -> list[int]:
         mine = self.with_sequences([e for e in self.scan() if e.generation == self.generation])
@@ -328,6 +363,51 @@ class S3Tier(Tier):
 
     def release_fetched(self, step: int, generation: int = 0) -> None:
         shutil.rmtree(self.fetch_dir(step, generation), ignore_errors=True)
+
+
+class S3Sentinels:
+    """The sentinels of an s3:// tier for handover.py: a sentinel object's token is what a HEAD
+    says of it (ETag, with LastModified and size for a store whose ETag would not change), only
+    ever compared with the same object's previous token. A look is one HEAD per incomplete
+    checkpoint; the incomplete ones are listed again at most every LIST_SECONDS."""
+
+    POLL_SECONDS: Final = 0.5  # heads per pending checkpoint: 2 a second
+    LIST_SECONDS: Final = 2.0  # LIST requests of the whole prefix: 1 in 2 seconds
+
+    poll_seconds = POLL_SECONDS
+    list_seconds = LIST_SECONDS
+
+    def __init__(self, tier: S3Tier) -> None:
+        self.tier = tier
+        self.where = tier.uri
+
+    def pending(self) -> dict[handover.Key, str]:
+        t = self.tier
+        return {
+            (e.generation, e.step): t._key(e.step, INCOMPLETE_SENTINEL, e.generation)
+            for e in t.scan()
+            if not e.complete
+        }
+
+    def token(self, handle: str) -> Hashable | None:
+        try:
+            info = self.tier.fs.info(handle, refresh=True)
+        except FileNotFoundError:
+            return None
+        except Exception as e:  # throttled, unreachable: no news this time
+            log.debug("kubeckpt: cannot look at %s: %s", handle, e)
+            return handover.UNKNOWN
+        if info.get("type") != "file":
+            return None
+        return (str(info.get("ETag", "")), str(info.get("LastModified", "")), info.get("size"))
+
+    def record(self, handle: str) -> bytes:
+        try:  # a ranged GET: a sentinel of any size costs this much
+            data = self.tier.fs.cat_file(handle, start=0, end=handover.RECORD_BYTES)
+        except Exception as e:
+            log.debug("kubeckpt: cannot read %s: %s", handle, e)
+            return b""
+        return bytes(data[: handover.RECORD_BYTES])
 
 
 def _s3_filesystem() -> Any:

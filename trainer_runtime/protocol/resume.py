@@ -1,7 +1,8 @@
 """Resume: every rank agrees on one checkpoint, the newest complete one across both tiers.
 
-1. A save still in flight from a pod being replaced is waited for (handover.py), then incomplete
-   checkpoints are removed (rank 0 for the shared tier, each node's local rank 0 for its ramdisk).
+1. A save still in flight from a pod being replaced is waited for (handover.py, on a shared
+   volume or s3://), then incomplete checkpoints are removed (rank 0 for the shared tier, each
+   node's local rank 0 for its ramdisk).
 2. Candidates: the persistent tier as rank 0 lists it, every generation (broadcast, so all see
    one list), and the local steps that every rank holds (a ramdisk is per node: a step one node
    lacks is no candidate). Newest first by commit order (generations.py: the manifests'
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 from .. import handover, layout
 from ..contract import Manifest, UnsupportedFormatVersion, read_manifest
 from ..generations import Entry, commit_order
-from ..storage import LocalTier, Tier
+from ..storage import Tier
 from .agreement import Agreement
 from .commit import Member, describe
 from .resume_outcome import (
@@ -78,12 +79,12 @@ class Candidate:
 
 
 def remove_incomplete(io: Agreement, me: Member, persistent: Tier | None, local: Tier | None):
-    # A pod being replaced may still be writing a newer checkpoint: rank 0 waits for it before
-    # deleting leftovers; the other ranks at the barrier.
-    if isinstance(persistent, LocalTier) and me.rank == 0:
+    # A pod being replaced may still be writing a newer checkpoint (to a shared volume or a
+    # bucket): rank 0 waits for it before deleting leftovers; the other ranks at the barrier.
+    if persistent is not None and me.rank == 0 and (sentinels := persistent.sentinels()):
         try:
-            handover.wait_for_saves_in_flight(persistent.root)
-        except OSError as e:
+            handover.wait_for_saves_in_flight(sentinels)
+        except Exception as e:  # the clean-up below meets the same trouble, and says so
             log.warning("kubeckpt: cannot check for a save in flight: %s", e)
     try:
         if persistent is not None and me.rank == 0:
