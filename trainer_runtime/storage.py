@@ -125,8 +125,16 @@ class Tier:
 
     @property
     def shared(self) -> bool:
-        """Whether every node sees the same files in `fetch_dir` (no per-node copy)."""
+        """Whether the tier holds one checkpoint for every node (a shared volume, a bucket): its
+        commit is then coordinated by global rank 0 and its manifest lists every rank's files.
+        Not so for the ramdisk, where each node's local rank 0 commits its node's own."""
         return True
+
+    @property
+    def fetched_per_node(self) -> bool:
+        """Whether a restore reads a copy each node fetched (`fetch_dir` on local disk), not
+        the tier's own files: a bucket's checkpoint is downloaded by every node."""
+        return False
 
     def release_fetched(self, step: int, generation: int = 0) -> None:
         """Drop what `fetch` downloaded."""
@@ -346,7 +354,11 @@ class S3Tier(Tier):
 
     @property
     def shared(self) -> bool:
-        return False  # each node downloads its own copy
+        return True  # one checkpoint in the bucket, whichever node wrote each file
+
+    @property
+    def fetched_per_node(self) -> bool:
+        return True  # each node downloads its own copy
 
     def fetch(self, step: int, generation: int = 0) -> Path:
         local = self.fetch_dir(step, generation)

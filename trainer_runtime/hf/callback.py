@@ -351,7 +351,9 @@ class KubeckptCallback(TrainerCallback):
             return None
         stop.at_boundary(restored.step)
         step, generation = restored.step, restored.directory_generation
-        if not restored.tier.shared or restored.path != restored.tier.fetch_dir(step, generation):
+        tier = restored.tier
+        fetched = not tier.shared or tier.fetched_per_node  # a copy of this node's
+        if fetched or restored.path != tier.fetch_dir(step, generation):
             self._fetched = (restored.tier, step, generation)
         return str(restored.path)
 
@@ -699,7 +701,7 @@ class KubeckptCallback(TrainerCallback):
                     if _owned(rel, self.rank):
                         names.append(rel)
             fsync_dir(path)
-            if not commit.tier.shared or self.config.is_remote:
+            if not commit.tier.shared or commit.tier.fetched_per_node or self.config.is_remote:
                 files = hash_files(path, names)  # uploaded by their writer
         except OSError as e:
             log.error("kubeckpt: cannot fsync %s: %s", path, e)

@@ -9,9 +9,10 @@
                retention; or, when any rank failed, discards the directory; all agree on the
                outcome
 
-The coordinator is rank 0 for a shared tier and each node's local rank 0 for a per-node one (the
-ramdisk), whose manifest lists that node's files only. Every rank makes the same collective calls
-in the same order whatever fails, so one rank's error never leaves another waiting.
+The coordinator is rank 0 for a shared tier (a volume, a bucket) and each node's local rank 0 for
+a per-node one (the ramdisk), whose manifest lists that node's files only. Every rank makes the
+same collective calls in the same order whatever fails, so one rank's error never leaves another
+waiting.
 """
 
 from __future__ import annotations
@@ -47,7 +48,16 @@ class Member:
     node: str = ""
 
     def coordinates(self, tier: Tier) -> bool:
+        """Whether this process begins and commits `tier`'s checkpoints: global rank 0 where one
+        checkpoint serves every node (a shared volume, a bucket), else each node's local rank 0."""
         return self.local_rank == 0 if not tier.shared else self.rank == 0
+
+    def fetches(self, tier: Tier) -> bool:
+        """Whether this process fetches a checkpoint of `tier` for a restore: one process per
+        copy, so each node's local rank 0 where every node reads a copy of its own (the ramdisk;
+        a bucket's download), else global rank 0."""
+        per_node = tier.fetched_per_node or not tier.shared
+        return self.local_rank == 0 if per_node else self.rank == 0
 
 
 @dataclass

@@ -202,7 +202,7 @@ def _try(
     makes the same collective calls whatever fails."""
     tier, step, generation = candidate.tier, candidate.step, candidate.entry.generation
     where = tier.location(step, generation)
-    fetcher = me.coordinates(tier)
+    fetcher = me.fetches(tier)
     problems: list[str] = []
     unsupported = False
     path = tier.fetch_dir(step, generation)
