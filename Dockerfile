@@ -17,10 +17,9 @@ COPY webhook ./webhook
 COPY trainer_runtime ./trainer_runtime
 COPY kubeckpt_cli ./kubeckpt_cli
 # pyproject names README.md as the long description; a stand-in keeps doc edits from rebuilding
-# the image. The s3 extra: this is also the default image of `kubeckpt checkpoints`' lister pod,
-# which reads s3:// storage with it (the webhook and the reconciler never import it).
+# the image.
 RUN echo kubeckpt >README.md \
-    && python3 -m venv /opt/kubeckpt && /opt/kubeckpt/bin/pip install --no-cache-dir '.[controller,cli,s3]'
+    && python3 -m venv /opt/kubeckpt && /opt/kubeckpt/bin/pip install --no-cache-dir '.[controller,cli]'
 
 FROM ${BASE}
 COPY --from=build /opt/kubeckpt /opt/kubeckpt
