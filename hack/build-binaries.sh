@@ -185,7 +185,8 @@ EOF
     "$GO" build -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
       -o "$out/coredns" . >&2
   )
-  "$out/coredns" -plugins | grep -q "dns.kubernetes" || die "the CoreDNS build has no kubernetes plugin"
+  # (-plugins prints one name a line; no -q: grep reads it all, so no SIGPIPE under pipefail.)
+  "$out/coredns" -plugins | grep -x kubernetes >/dev/null || die "the CoreDNS build has no kubernetes plugin"
   touch "$out/.complete"
 }
 
