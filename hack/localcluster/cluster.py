@@ -252,9 +252,15 @@ class LocalCluster:
             return self.seaweedfs
         node = self.start_real_node()
         assert self.binaries is not None and self.workdir is not None
+        workdir = self.workdir / "seaweedfs"
+        # A fresh store at each start: a master started again over an earlier instance's volumes
+        # has lost its topology and freezes volume growth ("volume growth is frozen after master
+        # state loss"), so a bucket created then gets no writable volume and every upload fails
+        # (a second test module's TrainJob made no checkpoint in 240 s for that).
+        shutil.rmtree(workdir / "data", ignore_errors=True)
         server = SeaweedFS(
             self.binaries.require_seaweedfs(),
-            self.workdir / "seaweedfs",
+            workdir,
             s3_bind="0.0.0.0",
             host=NODE_IP,
         )
