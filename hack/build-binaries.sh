@@ -17,7 +17,9 @@ source "$here/apt.sh"
 
 CACHE=${KUBECKPT_CACHE:-$HOME/.cache/kubeckpt}
 mkdir -p "$CACHE"
-export GOFLAGS="-buildvcs=false -trimpath"
+# No DWARF from the compiler: every link here strips it (-w) anyway, and generating it cost 8 % of
+# a cold compile (kube-scheduler from an empty build cache: 354 s of user CPU against 385 s).
+export GOFLAGS="-buildvcs=false -trimpath -gcflags=all=-dwarf=false"
 export GOTOOLCHAIN=local
 export CGO_ENABLED=0
 
