@@ -544,12 +544,7 @@ class ProgressController:
             if state.pod_uid is not None and pod_uid != state.pod_uid:
                 state.new_pod = True
             if cs.state == "terminated":
-                obs = Observation(pod=pod_name, source="terminationMessage", outcome=outcome)
-                if cs.message.strip():
-                    try:
-                        obs.record = parse(cs.message, "termination message")
-                    except ReadError as e:
-                        obs.error_reason, obs.error_message = e.reason, e.message
+                obs = _terminated(pod_name, cs.message, outcome)
             elif running:
                 pushed, state.pushed = state.pushed, None
                 if pushed is not None and pushed[0] != pod_uid:
@@ -697,12 +692,7 @@ class ProgressController:
             return None
         cs = d.container_state(pod, container.get("name", ""))
         if cs.state == "terminated":
-            obs = Observation(pod=name_of(pod), source="terminationMessage")
-            try:
-                obs.record = parse(cs.message, "termination message")
-            except ReadError as e:
-                obs.error_reason, obs.error_message = e.reason, e.message
-            return obs
+            return _terminated(name_of(pod), cs.message)
         if cs.state != "running":
             return None
         if state.pushed is not None and state.pushed[0] == _uid(pod):
@@ -849,3 +839,15 @@ class ProgressController:
 
 def _uid(obj: KubeObject | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("uid") or "")
+
+
+def _terminated(pod: str, message: str, outcome: str | None = None) -> Observation:
+    """What a terminated rank-0 container left: the record in its termination message, or why
+    that message cannot be read (an empty one says nothing)."""
+    obs = Observation(pod=pod, source="terminationMessage", outcome=outcome)
+    if message.strip():
+        try:
+            obs.record = parse(message, "termination message")
+        except ReadError as e:
+            obs.error_reason, obs.error_message = e.reason, e.message
+    return obs

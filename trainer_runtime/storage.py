@@ -136,6 +136,13 @@ class Tier:
         the tier's own files: a bucket's checkpoint is downloaded by every node."""
         return False
 
+    @property
+    def copy_per_node(self) -> bool:
+        """Whether each node restores from a copy of its own: its own ramdisk, or its download
+        of a bucket's checkpoint. Such a copy's files are hashed by their writer, and one process
+        per node fetches it."""
+        return not self.shared or self.fetched_per_node
+
     def release_fetched(self, step: int, generation: int = 0) -> None:
         """Drop what `fetch` downloaded."""
 

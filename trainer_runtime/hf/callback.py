@@ -352,7 +352,7 @@ class KubeckptCallback(TrainerCallback):
         stop.at_boundary(restored.step)
         step, generation = restored.step, restored.directory_generation
         tier = restored.tier
-        fetched = not tier.shared or tier.fetched_per_node  # a copy of this node's
+        fetched = tier.copy_per_node
         if fetched or restored.path != tier.fetch_dir(step, generation):
             self._fetched = (restored.tier, step, generation)
         return str(restored.path)
@@ -701,7 +701,7 @@ class KubeckptCallback(TrainerCallback):
                     if _owned(rel, self.rank):
                         names.append(rel)
             fsync_dir(path)
-            if not commit.tier.shared or commit.tier.fetched_per_node or self.config.is_remote:
+            if commit.tier.copy_per_node or self.config.is_remote:
                 files = hash_files(path, names)  # uploaded by their writer
         except OSError as e:
             log.error("kubeckpt: cannot fsync %s: %s", path, e)

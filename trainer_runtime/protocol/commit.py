@@ -56,8 +56,7 @@ class Member:
         """Whether this process fetches a checkpoint of `tier` for a restore: one process per
         copy, so each node's local rank 0 where every node reads a copy of its own (the ramdisk;
         a bucket's download), else global rank 0."""
-        per_node = tier.fetched_per_node or not tier.shared
-        return self.local_rank == 0 if per_node else self.rank == 0
+        return self.local_rank == 0 if tier.copy_per_node else self.rank == 0
 
 
 @dataclass
