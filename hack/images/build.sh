@@ -67,7 +67,8 @@ compute_keys() {
   KEY[pause]=$(hash_inputs hack/images/pause.c hack/images/versions.env)
   local b=${KEY[base]}
   KEY[controller]=$(printf '%s %s' "$b" "$(hash_inputs Dockerfile .dockerignore pyproject.toml \
-    kubeckpt_api progress_controller reconciler webhook trainer_runtime kubeckpt_cli)" | sha256sum | cut -c1-16)
+    docker/runtime-requirements.txt kubeckpt_api progress_controller reconciler webhook \
+    trainer_runtime kubeckpt_cli)" | sha256sum | cut -c1-16)
   KEY[init]=$(printf '%s %s' "$b" "$(hash_inputs docker/pytorch-init.Dockerfile docker/nslookup.py)" |
     sha256sum | cut -c1-16)
   KEY[runtime]=$(printf '%s %s' "$b" "$(hash_inputs docker/runtime.Dockerfile \

@@ -5,7 +5,8 @@ by `storage.secretRef`, as users give them. Preempted by `kubectl drain`: both r
 just-in-time checkpoint to the bucket, the operator recreates the pods, both resume at exactly that
 step from the bucket, and the final parameters equal an uninterrupted copy's, bit for bit. Then,
 after the job succeeded and after it was deleted, `kubeckpt checkpoints` lists the bucket through
-a lister pod (the runtime image, its s3fs; the Secret's keys by reference) with their REASONs."""
+a lister pod (the runtime image, then the controller image as a release's default: their s3fs;
+the Secret's keys by reference) with their REASONs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 from kubeckpt_api.jobkinds import PYTORCHJOB
 from localcluster import LocalCluster, wait_for
 from localcluster import addon as kubeckpt_addon
+from localcluster.images import IMAGES
 from localcluster.node import RealNode
 from localcluster.pods import running, wait_pod
 from localcluster.seaweedfs import SeaweedFS
@@ -40,6 +42,7 @@ JOB = "s3-mlp"
 REFERENCE = "s3-mlp-reference"
 PODS = (f"{JOB}-master-0", f"{JOB}-worker-0")
 STEPS, STEP_SECONDS, SAVE_STEPS = 300, 0.1, 50
+CONTROLLER = IMAGES["controller"]  # the webhook's and the reconciler's
 
 
 @pytest.fixture(scope="module")
@@ -107,11 +110,13 @@ def _bucket_reasons(fs: Any, job_root: str) -> dict[str, str]:
     return found
 
 
-def _listed_through_lister(cluster: LocalCluster, ns: str, *extra: str) -> list[list[str]]:
-    """`kubeckpt checkpoints JOB` through a lister pod of the runtime image: its table's rows
-    (TIER, CHECKPOINT, STEP, STATE, REASON), once the pod is gone again."""
+def _listed_through_lister(
+    cluster: LocalCluster, ns: str, *extra: str, image: str = RUNTIME_IMAGE
+) -> list[list[str]]:
+    """`kubeckpt checkpoints JOB` through a lister pod of `image`: its table's rows (TIER,
+    CHECKPOINT, STEP, STATE, REASON), once the pod is gone again."""
     cli = ("--kubeconfig", str(cluster.kubeconfig), "checkpoints", JOB, "-n", ns, *extra)
-    done = run_cli(*cli, "--image", RUNTIME_IMAGE, "--timeout", "120", timeout=180)
+    done = run_cli(*cli, "--image", image, "--timeout", "120", timeout=180)
     assert done.returncode == 0, done.stderr
     assert f"listing through lister pod kubeckpt-ls-{JOB}-" in done.stderr, done.stderr
     lines = done.stdout.splitlines()
@@ -241,7 +246,8 @@ def test_pytorchjob_on_s3_drained_and_resumed_exactly(
     assert set(reasons.values()) <= {"periodic", "jit"}, reasons
 
     # Deleted: its pods and TrainingProgress go with it; --kind names what it was, and the
-    # lister pod, with no pod to copy its placement from, goes to the real node
+    # lister pod, with no pod to copy its placement from, goes to the real node. Its image is
+    # the controller image this time: a released install's default lister image (no --image).
     cluster.kubectl("delete", "pytorchjob", JOB, "-n", ns, "--wait=true", timeout=120)
     wait_for(
         lambda: (
@@ -254,6 +260,6 @@ def test_pytorchjob_on_s3_drained_and_resumed_exactly(
         timeout=120,
     )
     with only_the_real_node_schedulable(cluster):
-        deleted = _listed_through_lister(cluster, ns, "--kind", "PyTorchJob")
+        deleted = _listed_through_lister(cluster, ns, "--kind", "PyTorchJob", image=CONTROLLER)
     assert [r[:4] for r in deleted] == [r[:4] for r in succeeded]
     assert {r[1]: r[4] for r in deleted} == reasons  # from the manifests alone now
