@@ -481,6 +481,7 @@ def test_policy_spec_fields_match_design(spec_schema: dict[str, Any]) -> None:
         "sizeLimit",
         "modelParameters",
         "periodSteps",
+        "peerCopy",  # an extension (docs/contract.md, issue 28)
     }
     assert node(spec_schema, "strategy")["enum"] == ["time", "steps", "epoch"]
 
