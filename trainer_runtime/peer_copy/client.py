@@ -63,10 +63,19 @@ def _expect(response: http.client.HTTPResponse, status: int, what: str) -> bytes
 def _put(
     conn: http.client.HTTPConnection, url: str, body: Any, headers: dict[str, str], what: str
 ) -> None:
-    """One PUT answered 201. A receiver that refuses before reading the body (401, 413) may close
-    the connection while it is still sent: its answer is read all the same, where it came."""
+    """One PUT answered 201; a file body goes by sendfile (no copy through Python). A receiver
+    that refuses before reading the body (401, 413) may close the connection while it is still
+    sent: its answer is read all the same, where it came."""
     try:
-        conn.request("PUT", url, body=body, headers=headers)
+        conn.putrequest("PUT", url, skip_accept_encoding=True)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        if isinstance(body, bytes):
+            conn.send(body)
+        else:
+            assert conn.sock is not None
+            conn.sock.sendfile(body, 0, int(headers["Content-Length"]))
     except OSError as e:
         try:
             response = conn.getresponse()
@@ -96,7 +105,7 @@ def push_copy(
     try:
         for f in manifest.files:
             if superseded is not None and superseded.is_set():
-                raise PeerError(f"step {step}: superseded by a newer checkpoint")
+                raise PeerError(f"step {step}: superseded by a newer checkpoint, or closing")
             algorithm, _ = f.checksum
             with open(directory / f.path, "rb") as body:
                 if os.fstat(body.fileno()).st_size != f.size:
@@ -214,6 +223,9 @@ class Pusher:
                 )
                 self.pushed.append(step)
             except Exception as e:  # the peer copy is best effort: the persistent tier remains
+                if self._closed:  # the process is ending: nothing to report
+                    log.info("kubeckpt: peer copy of step %d abandoned at close", step)
+                    continue
                 self.failures += 1
                 self.last_error = str(e)
                 log.warning("kubeckpt: peer copy of step %d not kept: %s", step, e)
