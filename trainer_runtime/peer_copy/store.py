@@ -145,44 +145,55 @@ class PeerStore:
         checksum: str | None = None,
     ) -> None:
         """Receive one file of `sender`'s copy of `step`: exactly `length` bytes from `body`,
-        hashed with `checksum` (an algorithm name; default this runtime's preferred one)."""
-        self._check_sender(sender)
+        hashed with `checksum` (an algorithm name; default this runtime's preferred one). Any
+        refusal also drops the copy in progress: a sender that sends what is refused is broken,
+        and its partial copy would only hold the room."""
+        self._check_sender(sender)  # before anything is dropped: it is another node's copy
+        with self._lock:
+            try:
+                self._put_file(sender, step, rel, length, body, checksum)
+            except Refused:
+                self._drop_receiving(sender)
+                raise
+
+    def _put_file(
+        self,
+        sender: int,
+        step: int,
+        rel: str,
+        length: int,
+        body: BinaryIO,
+        checksum: str | None,
+    ) -> None:
         rel = self._clean_rel(rel)
         algorithm = checksum or preferred_checksum()
         if algorithm not in CHECKSUM_ALGORITHMS or not checksum_available(algorithm):
             self._refuse(400, f"checksum {algorithm!r} cannot be computed here")
         if length < 0:
             self._refuse(411, "a file needs its length")
-        with self._lock:
-            left = room(self.free_bytes(), self.reserve_bytes())
-            if length > left:
-                self.refused_for_room += 1
-                self._drop_receiving(sender)
-                self._refuse(
-                    413, f"{rel}: {length} bytes from node {sender} do not fit ({left} left)"
-                )
-            receiving = self._receiving.get(sender)
-            if receiving is None or receiving.step != step:
-                # A newer copy supersedes the one in progress: at most one is received at a time.
-                self._drop_receiving(sender)
-                receiving = self._receiving[sender] = _Receiving(step)
-                partial = self.partial_dir(sender, step)
-                shutil.rmtree(partial, ignore_errors=True)
-                partial.mkdir(parents=True)
+        left = room(self.free_bytes(), self.reserve_bytes())
+        if length > left:
+            self.refused_for_room += 1
+            self._refuse(413, f"{rel}: {length} bytes from node {sender} do not fit ({left} left)")
+        receiving = self._receiving.get(sender)
+        if receiving is None or receiving.step != step:
+            # A newer copy supersedes the one in progress: at most one is received at a time.
+            self._drop_receiving(sender)
+            receiving = self._receiving[sender] = _Receiving(step)
             partial = self.partial_dir(sender, step)
-            target = self._inside(partial, rel, create=True)
-            try:
-                size, digest = _receive(target, length, body, algorithm)
-            except Refused as e:
-                self._drop_receiving(sender)
-                self._refuse(e.status, e.reason)
-            except TimeoutError:
-                self._drop_receiving(sender)
-                self._refuse(408, f"{rel}: the body stopped arriving")
-            except OSError as e:
-                self._drop_receiving(sender)
-                self._refuse(507, f"{rel}: cannot store it: {e.strerror}")
-            receiving.files[rel] = (size, algorithm, digest)
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+        partial = self.partial_dir(sender, step)
+        target = self._inside(partial, rel, create=True)
+        try:
+            size, digest = _receive(target, length, body, algorithm)
+        except Refused as e:
+            self._refuse(e.status, e.reason)
+        except TimeoutError:
+            self._refuse(408, f"{rel}: the body stopped arriving")
+        except OSError as e:
+            self._refuse(507, f"{rel}: cannot store it: {e.strerror}")
+        receiving.files[rel] = (size, algorithm, digest)
 
     def commit(self, sender: int, step: int, data: bytes) -> Path:
         """The manifest of `sender`'s copy of `step`, sent last: the copy becomes complete when it
@@ -212,7 +223,12 @@ class PeerStore:
             for older in self._sender_dir(sender).iterdir():
                 if older != done and parse_checkpoint_dir_name(older.name) is not None:
                     shutil.rmtree(older, ignore_errors=True)
-            log.info("kubeckpt: keeping node %d's copy of step %d", sender, step)
+            log.info(
+                "kubeckpt: keeping node %d's copy of step %d (%d bytes of the ramdisk)",
+                sender,
+                step,
+                manifest.total_size,
+            )
             return done
 
     def _drop_receiving(self, sender: int) -> None:
@@ -254,13 +270,6 @@ class PeerStore:
                     continue
                 held.setdefault(int(sender_dir.name), {})[step] = sequence
         return held
-
-    def held_bytes(self) -> int:
-        """What the kept copies take (the memory a peer copy counts against the ramdisk)."""
-        total = 0
-        for dirpath, _, files in os.walk(self.root):
-            total += sum(os.lstat(os.path.join(dirpath, f)).st_size for f in files)
-        return total
 
     def open(self, sender: int, step: int, rel: str | None) -> tuple[int, int]:
         """(fd, size) of a file of the complete copy (`rel` None: its manifest), for a GET."""
