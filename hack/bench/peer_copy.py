@@ -243,24 +243,17 @@ def main(argv: list[str] | None = None) -> int:
             weed.create_bucket("bench")
             os.environ.update(weed.aws_env())
             persistent["s3"] = "s3://bench/job"
-        results: dict[str, list[float]] = {}
-        for name, uri in persistent.items():
+        print("\nrestore after losing node 1, seconds until every rank has loaded:")
+        for name, uri in persistent.items():  # one run each: its peer copy beside its tier
             run = base / f"restore-{name}"
             run.mkdir()
             times = restore_times(run, args.nodes, blobs, uri, args.rounds)
-            results["peer copy" if not results else f"peer copy (again, {name} run)"] = times[
-                "peer"
-            ]
-            results[f"persistent: {name}"] = times["persistent"]
             shutil.rmtree(run, ignore_errors=True)
-        print("\nrestore after losing node 1, seconds until every rank has loaded:")
-        for name, values in results.items():
-            print(f"  {name:34s} {spread(values)}")
-        peer = results["peer copy"]
-        for name, values in results.items():
-            if name.startswith("persistent"):
-                ratios = [p / v for p, v in zip(peer, values, strict=True)]
-                print(f"  peer copy / {name:22s} {spread(ratios)}")
+            peer, theirs = times["peer"], times["persistent"]
+            ratios = [p / t for p, t in zip(peer, theirs, strict=True)]
+            print(f"  {name} run: peer copy      {spread(peer)}")
+            print(f"  {name} run: persistent     {spread(theirs)}")
+            print(f"  {name} run: peer / persistent {spread(ratios)} (per round)")
         cost: dict[str, list[float]] = {"none": [], "local": [], "peer": []}
         for _ in range(args.rounds):
             for mode in cost:
