@@ -156,7 +156,7 @@ def fetch_copy(peer: Peer, token: str, sender: int, step: int, into: Path) -> Pa
         shutil.rmtree(into, ignore_errors=True)
         os.rename(partial, into)
         return into
-    except (OSError, ValueError, http.client.HTTPException) as e:
+    except (OSError, ValueError, http.client.HTTPException) as e:  # ValueError: ContractError
         raise PeerError(f"step {step} from {peer.host}:{peer.port}: {e}") from e
     finally:
         conn.close()

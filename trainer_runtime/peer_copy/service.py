@@ -27,7 +27,7 @@ from typing import Any, Final
 from ..protocol.agreement import Agreement
 from ..protocol.commit import Member, describe
 from ..storage import LocalTier
-from .client import FETCH_PREFIX, Peer, PeerError, Pusher, fetch_copy, read_own_size
+from .client import FETCH_PREFIX, Peer, Pusher, fetch_copy, read_own_size
 from .ring import Holding, node_indices, plan_fetches, successor
 from .server import PeerServer
 from .store import PeerStore
@@ -81,8 +81,13 @@ class PeerCopy:
                 log.warning("kubeckpt: peer copy server did not start: %s", describe(e))
                 self.server = None
         mine = (self.me.rank, self.coordinator, host, port, self.me.node)
-        gathered: list[Any] = io.all_gather(mine)
-        token = io.broadcast(secrets.token_urlsafe(32) if self.me.rank == 0 else None)
+        try:
+            gathered: list[Any] = io.all_gather(mine)
+            token = io.broadcast(secrets.token_urlsafe(32) if self.me.rank == 0 else None)
+        except Exception as e:  # a rank gone: the save or restore that follows says so
+            log.warning("kubeckpt: peer copies off, the ranks did not agree: %s", describe(e))
+            self.close()
+            return
         coordinators = [g for g in gathered if g[1]]
         indices = node_indices([g[0] for g in coordinators])
         self.nodes = sorted(
@@ -102,11 +107,17 @@ class PeerCopy:
             log.info("kubeckpt: one node: the ramdisk tier has no peer to copy to")
         if self.server is not None:
             root = Path(self.local.root)
-            self.store = PeerStore(
-                root, self.index, len(self.nodes), reserve_bytes=lambda: read_own_size(root)
-            )
-            self.server.store = self.store
-            self.server.token = token
+            try:
+                self.store = PeerStore(
+                    root, self.index, len(self.nodes), reserve_bytes=lambda: read_own_size(root)
+                )
+            except OSError as e:  # the ramdisk is not writable: this node keeps no copies
+                log.warning("kubeckpt: cannot keep peer copies in %s: %s", root, describe(e))
+                self.server.stop()
+                self.server = None
+            else:
+                self.server.store = self.store
+                self.server.token = token
         if after is not None and (keeper := self.nodes[after].peer) is not None:
             self.pusher = Pusher(keeper, token, self.index, Path(self.local.root))
 
@@ -162,7 +173,7 @@ class PeerCopy:
         into = self.local.fetch_dir(step)
         try:
             fetch_copy(keeper.peer, self.token, self.index, step, into)
-        except PeerError as e:
+        except Exception as e:  # PeerError, or a manifest of a newer format: not this copy
             log.warning(
                 "kubeckpt: node %d's copy of step %d from node %d is unusable, the persistent "
                 "tier remains: %s",
@@ -178,7 +189,10 @@ class PeerCopy:
     # ------------------------------------------------------------------ shutdown
 
     def close(self) -> None:
-        if self.pusher is not None:
-            self.pusher.close()
-        if self.server is not None:
-            self.server.stop()
+        """Stop pushing and serving (idempotent)."""
+        pusher, self.pusher = self.pusher, None
+        if pusher is not None:
+            pusher.close()
+        server, self.server = self.server, None
+        if server is not None:
+            server.stop()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.simulated_ranks import run_ranks
+from tests.support.simulated_ranks import SimulatedGroup, run_ranks
 from tests.support.toy_ranks import Job, ToyLoader, ToySave
 from tests.support.toy_ranks import _env as _toy_env
 from trainer_runtime import layout
@@ -35,6 +35,7 @@ from trainer_runtime.peer_copy.server import PeerServer
 from trainer_runtime.peer_copy.service import TIER_LABEL, PeerCopy
 from trainer_runtime.peer_copy.store import PeerStore
 from trainer_runtime.protocol import Checkpointer, Member, Solo
+from trainer_runtime.storage import LocalTier
 
 TOKEN = "job-token"
 
@@ -449,3 +450,13 @@ def test_the_environment_turns_peer_copies_on_with_the_local_tier(tmp_path: Path
     assert made(CHECKPOINT_LOCAL_DIR=str(tmp_path / "r"), CHECKPOINT_LOCAL_PEER="no").peer is None
     with pytest.raises(ContractError, match="CHECKPOINT_LOCAL_PEER"):
         made(CHECKPOINT_LOCAL_PEER="sometimes")
+
+
+def test_setup_with_a_rank_gone_leaves_peer_copies_off_without_raising(tmp_path: Path) -> None:
+    group = SimulatedGroup(2, timeout=0.3)
+    local = LocalTier(tmp_path / "ramdisk-0", "local")
+    peer = PeerCopy(local, Member(rank=0, local_rank=0, world_size=2, node="node-0"), "127.0.0.1")
+    peer.setup(group.member(0))  # rank 1 never comes
+    assert peer.ready and peer.server is None and peer.pusher is None and peer.token is None
+    assert peer.successor_record() is None
+    peer.offer(1)  # nothing to push to: a no-op
