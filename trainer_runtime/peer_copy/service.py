@@ -105,6 +105,8 @@ class PeerCopy:
         after = successor(self.index, len(self.nodes))
         if after is None:
             log.info("kubeckpt: one node: the ramdisk tier has no peer to copy to")
+            self.close()  # nothing to keep or serve either
+            return
         if self.server is not None:
             root = Path(self.local.root)
             try:

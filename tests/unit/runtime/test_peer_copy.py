@@ -433,6 +433,7 @@ def test_one_node_has_no_peer_and_saves_as_before(job, tmp_path: Path) -> None:
     c = j.ckpts[0]
     c.save(1, lambda: ToySave(0, [1, 0]), persistent=False, local=True, blocking=True)
     assert c.peer is not None and c.peer.pusher is None and c.peer.successor_record() is None
+    assert c.peer.server is None  # nothing to keep or serve: no port left open
     assert MANIFEST_PEER_COPY not in read_manifest(tmp_path / "ramdisk-0" / "checkpoint-1").extra
     c.close()
 
