@@ -120,7 +120,7 @@ class PeerCopy:
             else:
                 self.server.store = self.store
                 self.server.token = token
-        if after is not None and (keeper := self.nodes[after].peer) is not None:
+        if (keeper := self.nodes[after].peer) is not None:
             self.pusher = Pusher(keeper, token, self.index, Path(self.local.root))
 
     def successor_record(self) -> dict[str, Any] | None:
@@ -168,8 +168,9 @@ class PeerCopy:
         return self.fetched
 
     def _fetch(self, step: int) -> int | None:
-        assert self.index is not None and self.token is not None
-        keeper = self.nodes[successor(self.index, len(self.nodes)) or 0]
+        after = successor(self.index, len(self.nodes)) if self.index is not None else None
+        assert after is not None and self.token is not None  # a plan needs two nodes and setup
+        keeper = self.nodes[after]
         if keeper.peer is None:
             return None
         into = self.local.fetch_dir(step)
