@@ -21,7 +21,7 @@ import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Final
+from typing import BinaryIO, Final
 from urllib.parse import unquote
 
 from .store import PeerStore, Refused
@@ -31,6 +31,7 @@ log = logging.getLogger("trainer_runtime.peer_copy")
 PREFIX: Final = "/peer/v1/"
 CHECKSUM_HEADER: Final = "X-Kubeckpt-Checksum"
 MAX_MANIFEST_BODY: Final = 16 * 1024 * 1024  # contract.manifest.MAX_MANIFEST_BYTES
+DRAIN_BYTES: Final = 4 * 1024 * 1024  # a refused body up to this size is read before answering
 
 
 def parse_path(path: str) -> tuple[int, int, str | None]:
@@ -75,6 +76,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _drain(self, body: _Counted, length: int) -> None:
+        """Read what is left of a small refused body, so that closing the connection does not
+        reset it before the sender reads why (a large one is left: the reset is the answer)."""
+        left = length - body.count
+        if 0 < left <= DRAIN_BYTES:
+            try:
+                body.read(left)
+            except OSError:
+                pass
+
     def _length(self) -> int:
         raw = self.headers.get("Content-Length")
         if raw is None or not raw.isdigit():
@@ -83,6 +94,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         store = self.server.store
+        body = _Counted(self.rfile)
+        length = 0
         try:
             if store is None or not self._authorized():
                 if store is not None:
@@ -93,11 +106,12 @@ class _Handler(BaseHTTPRequestHandler):
             if rel is None:
                 if length > MAX_MANIFEST_BODY:
                     raise Refused(413, "manifest too large")
-                store.commit(sender, step, self.rfile.read(length))
+                store.commit(sender, step, body.read(length))
             else:
                 checksum = self.headers.get(CHECKSUM_HEADER)
-                store.put_file(sender, step, rel, length, self.rfile, checksum)  # type: ignore[arg-type]
+                store.put_file(sender, step, rel, length, body, checksum)  # type: ignore[arg-type]
         except Refused as e:
+            self._drain(body, length)
             self._answer(e.status, e.reason)
         except Exception as e:  # a bug or the disk: the sender gives up on this copy
             log.warning("kubeckpt: peer copy server: %s", e)
@@ -127,6 +141,24 @@ class _Handler(BaseHTTPRequestHandler):
                 self.connection.sendfile(f, count=size)
         finally:
             os.close(fd)
+
+
+class _Counted:
+    """A request body that counts what was read of it."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.count = 0
+
+    def read(self, n: int) -> bytes:
+        data = self.raw.read(n)
+        self.count += len(data)
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:
+        n = self.raw.readinto(buffer)  # type: ignore[attr-defined]
+        self.count += n
+        return n
 
 
 class PeerServer(ThreadingHTTPServer):
