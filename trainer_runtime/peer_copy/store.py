@@ -238,13 +238,22 @@ class PeerStore:
 
     def _inside(self, directory: Path, rel: str, *, create: bool = False) -> Path:
         """`directory/rel`, refused unless it stays inside `directory` with no symlink on the
-        way (the directories are made when `create`)."""
-        target = directory.joinpath(*PurePosixPath(rel).parts)
-        if create:
-            try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:  # a file where a directory should be
-                self._refuse(400, f"{rel}: {e.strerror}")
+        way; its directories are made when `create`, one at a time, each checked before the
+        next, so nothing is ever made through a symlink."""
+        parts = PurePosixPath(rel).parts
+        current = directory
+        for part in parts[:-1]:
+            current = current / part
+            if current.is_symlink():
+                self._refuse(400, f"{rel}: a symlink on the way")
+            if create and not current.exists():
+                try:
+                    current.mkdir()
+                except OSError as e:
+                    self._refuse(400, f"{rel}: {e.strerror}")
+            if not current.is_dir():
+                self._refuse(400, f"{rel}: not a directory on the way")
+        target = directory.joinpath(*parts)
         real = os.path.realpath(directory)
         if os.path.commonpath([real, os.path.realpath(target.parent)]) != real:
             self._refuse(400, f"{rel}: escapes the copy's directory")

@@ -173,13 +173,14 @@ def test_a_file_is_never_written_through_a_symlink(receiver, tmp_path: Path) -> 
     auth = {"Authorization": f"Bearer {TOKEN}"}
     outside = tmp_path / "outside"
     outside.mkdir()
-    for link, to, why in (("out", outside, "escapes"), ("in", Path("real"), "a symlink")):
-        assert _raw(r.peer, "PUT", "/peer/v1/0/5/files/real/first.bin", b"1", **auth)[0] == 201
-        (r.store.partial_dir(0, 5) / link).symlink_to(to)  # planted, as by a local attacker
-        status, reason = _raw(r.peer, "PUT", f"/peer/v1/0/5/files/{link}/evil.bin", b"e", **auth)
-        assert status == 400 and why in reason, reason
-        assert list(outside.iterdir()) == []
-        assert r.kept() == ["0"]  # the refusal dropped the copy in progress
+    for link, to in (("out", outside), ("in", Path("real"))):
+        for rel in (f"{link}/evil.bin", f"{link}/sub/evil.bin"):
+            assert _raw(r.peer, "PUT", "/peer/v1/0/5/files/real/1.bin", b"1", **auth)[0] == 201
+            (r.store.partial_dir(0, 5) / link).symlink_to(to)  # planted by a local attacker
+            status, reason = _raw(r.peer, "PUT", f"/peer/v1/0/5/files/{rel}", b"e", **auth)
+            assert status == 400 and "a symlink on the way" in reason, reason
+            assert list(outside.iterdir()) == []  # not even a directory made through it
+            assert r.kept() == ["0"]  # the refusal dropped the copy in progress
 
 
 def test_a_symlink_in_a_kept_copy_is_never_followed(receiver, tmp_path: Path) -> None:
