@@ -30,7 +30,14 @@ from trainer_runtime.contract import (
     read_manifest,
     write_manifest_atomic,
 )
-from trainer_runtime.peer_copy.client import Peer, PeerError, Pusher, fetch_copy, push_copy
+from trainer_runtime.peer_copy.client import (
+    Peer,
+    PeerError,
+    Pusher,
+    fetch_copy,
+    push_copy,
+    read_own_size,
+)
 from trainer_runtime.peer_copy.server import PeerServer
 from trainer_runtime.peer_copy.service import TIER_LABEL, PeerCopy
 from trainer_runtime.peer_copy.store import PeerStore
@@ -462,3 +469,13 @@ def test_setup_with_a_rank_gone_leaves_peer_copies_off_without_raising(tmp_path:
     assert peer.ready and peer.server is None and peer.pusher is None and peer.token is None
     assert peer.successor_record() is None
     peer.offer(1)  # nothing to push to: a no-op
+
+
+def test_the_reserve_is_the_size_of_the_nodes_newest_checkpoint(tmp_path: Path) -> None:
+    ramdisk = tmp_path / "ramdisk"
+    assert read_own_size(ramdisk) == 0  # nothing yet: no reserve
+    _checkpoint(ramdisk, 20, {"a.bin": b"x" * 300}, sequence=5)
+    _checkpoint(ramdisk, 30, {"a.bin": b"x" * 100, "b.bin": b"y" * 50}, sequence=4)
+    assert read_own_size(ramdisk) == 300  # by commit order, not step
+    (layout.checkpoint_path(ramdisk, 20) / MANIFEST_FILE).unlink()  # incomplete: not counted
+    assert read_own_size(ramdisk) == 150
