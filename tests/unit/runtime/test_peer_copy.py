@@ -479,3 +479,14 @@ def test_the_reserve_is_the_size_of_the_nodes_newest_checkpoint(tmp_path: Path) 
     assert read_own_size(ramdisk) == 300  # by commit order, not step
     (layout.checkpoint_path(ramdisk, 20) / MANIFEST_FILE).unlink()  # incomplete: not counted
     assert read_own_size(ramdisk) == 150
+
+
+def test_a_successor_whose_server_is_down_means_the_persistent_tier(job, tmp_path: Path) -> None:
+    _train_and_copy(job, tmp_path, 2, range(1, 4))
+    shutil.rmtree(tmp_path / "ramdisk-1")
+    k = _peer_job(job, tmp_path, 2)
+    c0 = k.ckpts[0]
+    c0.peer = PeerCopy(c0.local, c0.me, "192.0.2.1")  # TEST-NET: cannot be bound here
+    restored = run_ranks(2, lambda r: k.ckpts[r].restore(ToyLoader(r)))
+    assert [(x.step, x.tier.name) for x in restored] == [(2, "persistent")] * 2
+    assert c0.peer.server is None and k.ckpts[1].peer.fetched == {}
