@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.simulated_ranks import SimulatedGroup, run_ranks
+from tests.support.simulated_ranks import SimulatedAgreement, SimulatedGroup, run_ranks
 from tests.support.toy_ranks import Job, ToyLoader, ToySave
 from tests.support.toy_ranks import _env as _toy_env
 from trainer_runtime import layout
@@ -490,3 +490,37 @@ def test_a_successor_whose_server_is_down_means_the_persistent_tier(job, tmp_pat
     restored = run_ranks(2, lambda r: k.ckpts[r].restore(ToyLoader(r)))
     assert [(x.step, x.tier.name) for x in restored] == [(2, "persistent")] * 2
     assert c0.peer.server is None and k.ckpts[1].peer.fetched == {}
+
+
+class _JsonAgreement(SimulatedAgreement):
+    """What the JAX adapter's agreement carries: JSON (tuples arrive as lists)."""
+
+    def _exchange(self, obj: Any) -> list[Any]:
+        return json.loads(json.dumps(super()._exchange(json.loads(json.dumps(obj)))))
+
+
+def test_setup_and_recover_work_over_a_json_agreement(job, tmp_path: Path) -> None:
+    _train_and_copy(job, tmp_path, 2, range(1, 4))
+    shutil.rmtree(tmp_path / "ramdisk-1")
+    group = SimulatedGroup(2)
+    peers = [
+        PeerCopy(
+            LocalTier(tmp_path / f"ramdisk-{r}", "local"),
+            Member(rank=r, local_rank=0, world_size=2, node=f"pod-{r}"),
+            "127.0.0.1",
+        )
+        for r in range(2)
+    ]
+
+    def rank(r: int) -> dict[int, int]:
+        io = _JsonAgreement(group, r)
+        peers[r].setup(io)
+        return peers[r].recover(io)
+
+    try:
+        assert run_ranks(2, rank) == [{1: 3}, {1: 3}]
+    finally:
+        for p in peers:
+            p.close()
+    fetched = tmp_path / "ramdisk-1" / "checkpoint-3"
+    assert layout.verify_checkpoint(fetched, checksums=True)[1] == []

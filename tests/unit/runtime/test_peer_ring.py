@@ -3,6 +3,8 @@ what a restore fetches from whom, and the room a copy may take."""
 
 from __future__ import annotations
 
+import json
+
 from trainer_runtime.peer_copy.ring import (
     Holding,
     node_indices,
@@ -70,6 +72,8 @@ def test_a_node_that_has_its_copy_fetches_nothing_and_one_node_never_fetches() -
 def test_holdings_travel_as_plain_data() -> None:
     h = Holding({30: 3}, {2: {30: 3, 20: 0}})
     assert Holding.from_wire(h.to_wire()) == h
+    # The JAX agreement carries JSON (tuples become lists, no int keys): the same on arrival.
+    assert Holding.from_wire(json.loads(json.dumps(h.to_wire()))) == h
 
 
 def test_the_room_leaves_the_nodes_own_next_checkpoint_its_space() -> None:
