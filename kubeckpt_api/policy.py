@@ -69,6 +69,7 @@ class Policy:
     local_size_limit: str | None = None
     local_model_parameters: int | None = None
     local_period_steps: int = 100
+    local_peer_copy: bool = False
     progress_every_steps: int = 5
     progress_push: bool = False
     auto_instrumentation: bool = False
@@ -145,6 +146,7 @@ def _parse(obj: Mapping[str, Any]) -> Policy:
         local_size_limit=spec.local_tier.size_limit,
         local_model_parameters=spec.local_tier.model_parameters,
         local_period_steps=spec.local_tier.period_steps,
+        local_peer_copy=spec.local_tier.peer_copy,
         progress_every_steps=spec.progress.update_every_steps,
         progress_push=spec.progress.push,
         auto_instrumentation=spec.instrumentation.auto,

@@ -40,12 +40,16 @@ LIMITS: dict[str, str] = {
 
 
 def local_size_limit(policy: Policy, nodes: int) -> str:
-    """DESIGN.md: sizeLimit, else 2 x (params x 12 B / nodes) x 1.15, else the default."""
+    """DESIGN.md: sizeLimit, else 2 x (params x 12 B / nodes) x 1.15, else the default. With peer
+    copies (`localTier.peerCopy`) the derived size counts the ring predecessor's copy too, kept
+    the same way (one complete, one arriving): 4 x. An explicit sizeLimit stays the bound (the
+    receiver refuses a copy that does not fit)."""
     if policy.local_size_limit:
         return policy.local_size_limit
     if policy.local_model_parameters:
         per_node = policy.local_model_parameters * 12 / max(nodes, 1)
-        mib = math.ceil(2 * per_node * 1.15 / 2**20)
+        copies = 4 if policy.local_peer_copy else 2
+        mib = math.ceil(copies * per_node * 1.15 / 2**20)
         return f"{max(mib, 1)}Mi"
     return DEFAULT_LOCAL_SIZE
 

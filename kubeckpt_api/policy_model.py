@@ -197,6 +197,8 @@ class LocalTier(_Schema):
     size_limit: Annotated[str | None, PlainValidator(_quantity)] = Field(None, alias="sizeLimit")
     model_parameters: OptInt = Field(None, alias="modelParameters")
     period_steps: PositiveInt = Field(100, alias="periodSteps")
+    # issue 28: each node's local checkpoint is also kept in its ring successor's ramdisk.
+    peer_copy: Bool = Field(False, alias="peerCopy")
 
 
 class Progress(_Schema):

@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from trainer_runtime.contract.progress import (
     LATEST_CHECKPOINT_REASON,
+    RESUMED_TIER,
     ProgressRecord,
     format_rfc3339,
     parse_rfc3339,
@@ -95,6 +96,7 @@ class CheckpointingStatus(_Fields):
     lastFailedStep: Int = None
     latestLocalCheckpoint: Text4096 = None
     localCheckpointsCreated: Int = None
+    resumedTier: Text32 = None  # issue 28: "local (peer copy)" beside "local" and "persistent"
 
 
 class RecordStatus(_Fields):
@@ -118,6 +120,7 @@ class RecordStatus(_Fields):
 
 
 assert LATEST_CHECKPOINT_REASON in CheckpointingStatus.model_fields
+assert RESUMED_TIER in CheckpointingStatus.model_fields
 
 # What the record gives; the rest of the status (conditions, source, ...) is the controller's.
 RECORD_KEYS = tuple(RecordStatus.model_fields)

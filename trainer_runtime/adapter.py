@@ -273,9 +273,9 @@ class AdapterBase:
 
     @property
     def resumed_tier(self) -> str | None:
-        """ "local" or "persistent"."""
-        restored = self._ckpt.resumed
-        return restored.tier.name if restored else None
+        """ "local", "persistent", or "local (peer copy)": the local tier, where a node's part came
+        back from its ring successor's copy (peer_copy/)."""
+        return self._ckpt.resumed_tier
 
     @property
     def exit_code(self) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .contract import KUBECKPT_JOB_KIND, ContractError, RuntimeSettings
+from .contract.env import CHECKPOINT_LOCAL_PEER, KUBECKPT_POD_IP
 from .contract.jobkinds import JOB_KINDS, job_kind
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,10 @@ class Config:
     # Host memory an async save may stage (staging_budget.py); None: what fits under the
     # container's memory limit beside the process's own use, read at each save.
     staging_budget_bytes: int | None = None
+    # Peer copies of the ramdisk tier (CHECKPOINT_LOCAL_PEER, peer_copy/): each node's local
+    # checkpoint is also kept by its ring successor; `pod_ip` is where this node serves them.
+    local_peer: bool = False
+    pod_ip: str | None = None
 
     def __post_init__(self) -> None:
         if self.verify_checksums not in VERIFY_MODES:
@@ -163,5 +168,9 @@ class Config:
                     field=KUBECKPT_STAGING_BUDGET_BYTES,
                 )
             kwargs["staging_budget_bytes"] = int(raw)
+        if (raw := get(CHECKPOINT_LOCAL_PEER)) is not None:
+            kwargs["local_peer"] = _parse_bool(CHECKPOINT_LOCAL_PEER, raw)
+        if (raw := get(KUBECKPT_POD_IP)) is not None:
+            kwargs["pod_ip"] = raw
         kwargs.update({k: v for k, v in overrides.items() if k in own_names})
         return cls(**kwargs)

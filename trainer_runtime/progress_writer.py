@@ -20,6 +20,7 @@ from .contract import (
     REASON_JIT,
     REASON_PERIODIC,
     REASON_RESUME,
+    RESUMED_TIER,
     CheckpointingStatus,
     ProgressRecord,
     format_decimal,
@@ -128,7 +129,9 @@ class ProgressWriter:
         if self.checkpointing.latest_checkpoint:
             self.checkpointing.extra[LATEST_CHECKPOINT_REASON] = REASON_JIT
 
-    def resumed(self, name: str, location: str, saved_time: str | None = None) -> None:
+    def resumed(
+        self, name: str, location: str, saved_time: str | None = None, tier: str | None = None
+    ) -> None:
         """Resumed from `location` (`name` = checkpoint-<step>): until this process saves, that is
         the latest checkpoint, so `kubectl get tp` does not go blank after every restart."""
         self.resumed_from = name
@@ -136,6 +139,8 @@ class ProgressWriter:
         c.latest_checkpoint = location
         c.latest_checkpoint_time = saved_time
         c.extra[LATEST_CHECKPOINT_REASON] = REASON_RESUME
+        if tier is not None:
+            c.extra[RESUMED_TIER] = tier
 
     def build(
         self,

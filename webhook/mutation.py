@@ -52,7 +52,12 @@ from trainer_runtime.contract import (
     TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
     TRAINING_PROGRESS_FILE,
 )
-from trainer_runtime.contract.env import CHECKPOINT_ON_UNVERIFIABLE, ON_UNVERIFIABLE_FAIL
+from trainer_runtime.contract.env import (
+    CHECKPOINT_LOCAL_PEER,
+    CHECKPOINT_ON_UNVERIFIABLE,
+    KUBECKPT_POD_IP,
+    ON_UNVERIFIABLE_FAIL,
+)
 from trainer_runtime.zerocode import pythonpath_entries
 
 from .push_injection import PUSH_CA_ANNOTATION, PUSH_VOLUME, push_env, push_volume
@@ -343,6 +348,15 @@ def mutate(
     if policy.local_enabled:
         env.append({"name": CHECKPOINT_LOCAL_DIR, "value": LOCAL_DIR})
         env.append({"name": CHECKPOINT_LOCAL_PERIOD, "value": str(policy.local_period_steps)})
+        if policy.local_peer_copy:
+            # Peer copies (issue 28): the node's coordinator serves them on the pod IP.
+            env.append({"name": CHECKPOINT_LOCAL_PEER, "value": "true"})
+            env.append(
+                {
+                    "name": KUBECKPT_POD_IP,
+                    "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}},
+                }
+            )
     grace = grace_seconds(policy, progress) if policy.jit else None
     if grace is not None:
         current = spec.get("terminationGracePeriodSeconds")

@@ -481,6 +481,7 @@ def test_policy_spec_fields_match_design(spec_schema: dict[str, Any]) -> None:
         "sizeLimit",
         "modelParameters",
         "periodSteps",
+        "peerCopy",  # an extension (docs/contract.md, issue 28)
     }
     assert node(spec_schema, "strategy")["enum"] == ["time", "steps", "epoch"]
 
@@ -792,7 +793,7 @@ def test_design_progress_file_fits_status(progress_root: dict[str, Any]) -> None
     from trainer_runtime.contract.progress import _CHECKPOINTING_KEYS
 
     schema_keys = set(status_schema["properties"]["checkpointing"]["properties"])
-    assert schema_keys == set(_CHECKPOINTING_KEYS) | {"latestCheckpointReason"}
+    assert schema_keys == set(_CHECKPOINTING_KEYS) | {"latestCheckpointReason", "resumedTier"}
     assert schema_keys == set(CheckpointingStatus.model_fields)
     failing = {
         "failedSaves": 2,
@@ -800,6 +801,7 @@ def test_design_progress_file_fits_status(progress_root: dict[str, Any]) -> None
         "lastFailedStep": 140,
         "latestLocalCheckpoint": "/run/kubeckpt/local/checkpoint-149",
         "localCheckpointsCreated": 49,
+        "resumedTier": "local (peer copy)",
     }
     status["checkpointing"] = {**status["checkpointing"], **failing}
     assert validate(status_schema, status, "status") == []

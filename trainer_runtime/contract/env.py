@@ -69,6 +69,12 @@ KUBEFLOW_TRAINER_SERVER_URL: Final = "KUBEFLOW_TRAINER_SERVER_URL"
 KUBEFLOW_TRAINER_SERVER_TOKEN: Final = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 KUBEFLOW_TRAINER_SERVER_CA_CERT: Final = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
 
+# Peer copies of the ramdisk tier (issue 28, the policy's `localTier.peerCopy`), injected only when
+# it and the local tier are on; not in ALL_ENV_VARS, like the progress push's. KUBECKPT_POD_IP is
+# the pod's IP (downward API status.podIP): where the node's peer copy server listens.
+CHECKPOINT_LOCAL_PEER: Final = "CHECKPOINT_LOCAL_PEER"
+KUBECKPT_POD_IP: Final = "KUBECKPT_POD_IP"
+
 # --- well-known paths and file names -------------------------------------------------------------
 
 RUN_DIR: Final = "/var/run/kubeckpt"  # the injected emptyDir for progress and control files

@@ -53,6 +53,9 @@ MANIFEST_SEQUENCE: Final = "sequence"
 # checkpoint's directory says it too; a local-tier copy (no generations on the ramdisk) needs it to
 # tell a resumed run where to go on writing.
 MANIFEST_GENERATION: Final = "generation"
+# Additive too (issue 28): in a local-tier manifest with peer copies on, where the node's copy is
+# kept: {"node": the ring successor's node index, "pod": its pod}. Absent otherwise.
+MANIFEST_PEER_COPY: Final = "peerCopy"
 HASH_CHUNK_BYTES: Final = 1024 * 1024
 MMAP_MIN_BYTES: Final = 16 * 1024 * 1024  # hash_file maps files from this size on
 MAX_MANIFEST_BYTES: Final = 16 * 1024 * 1024  # sharded checkpoints list thousands of files

@@ -83,6 +83,9 @@ REASON_RESUME: Final = "resume"  # the checkpoint this process resumed from, not
 # verifies (or one of a newer format): {"reason": ..., "message": naming them and why}; the
 # controller shows it as the TrainingProgress condition CheckpointsUnverifiable (docs/contract.md).
 UNVERIFIABLE_CHECKPOINTS: Final = "unverifiableCheckpoints"
+# An extension key of `checkpointing` (issue 28): the tier the process resumed from, "local",
+# "persistent" or "local (peer copy)" (a node's part fetched from its ring successor's copy).
+RESUMED_TIER: Final = "resumedTier"
 _RECORD_KEYS: Final = frozenset(k for k, _, _ in _RECORD_FIELDS) | {"checkpointing"}
 _CHECKPOINTING_KEYS: Final = frozenset(k for k, _, _ in _CHECKPOINTING_FIELDS)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..config import Config
 from ..contract import (
+    MANIFEST_PEER_COPY,
     MANIFEST_REASON,
     REASON_PERIODIC,
     Manifest,
@@ -37,6 +38,8 @@ from ..contract import (
     format_rfc3339,
 )
 from ..generations import choose_generation, highest_sequence
+from ..peer_copy.service import TIER_LABEL as PEER_COPY_TIER
+from ..peer_copy.service import PeerCopy
 from ..progress_writer import ProgressWriter
 from ..storage import LocalTier, Tier, persistent_tier
 from ..timing import Schedule, StepTimer
@@ -89,6 +92,10 @@ class Checkpointer:
             self.persistent = persistent_tier(s.checkpoint_uri, config.resolved_staging_dir())
             if s.local_dir:
                 self.local = LocalTier(s.local_dir, "local")
+        # Peer copies of the ramdisk tier (peer_copy/): set up at the first collective point.
+        self.peer: PeerCopy | None = None
+        if self.local is not None and config.local_peer:
+            self.peer = PeerCopy(self.local, me, config.pod_ip)
 
         self.progress = ProgressWriter(
             s.progress_file,
@@ -141,7 +148,11 @@ class Checkpointer:
         # are checkpoints to keep apart from (a new generation), and leftovers go.
         remove_incomplete(self.io, self.me, self.persistent, self.local)
         restored = None
+        if (peer := self._peer) is not None:
+            peer.setup(self.io)
         if resume:
+            if peer is not None:
+                peer.recover(self.io)  # a node's lost copy, back from its ring successor
             found = candidates(
                 self.io,
                 self.me,
@@ -166,13 +177,37 @@ class Checkpointer:
         self.resumed = restored
         self.step = restored.step
         self.epoch = restored.manifest.epoch
-        self.progress.resumed(self.resumed_name or "", restored.location, restored.manifest.time)
+        self.progress.resumed(
+            self.resumed_name or "",
+            restored.location,
+            restored.manifest.time,
+            tier=self.resumed_tier,
+        )
         if restored.tier is self.persistent:
             self.durable_step = restored.step
             self.durable_location = restored.location
         self.schedule.restart_interval()
-        log.info("kubeckpt: resumed from %s (%s tier)", restored.location, restored.tier.name)
+        log.info("kubeckpt: resumed from %s (%s tier)", restored.location, self.resumed_tier)
         return restored
+
+    @property
+    def _peer(self) -> PeerCopy | None:
+        """The peer copies, while the local tier they copy is on (an adapter may turn it off
+        after construction: the HF Trainer's on several nodes)."""
+        peer = self.peer
+        return peer if peer is not None and peer.local is self.local else None
+
+    @property
+    def resumed_tier(self) -> str | None:
+        """The tier the run resumed from: "local", "persistent", or "local (peer copy)" where a
+        node's part of the local checkpoint came back from its ring successor's copy."""
+        r = self.resumed
+        if r is None:
+            return None
+        peer = self._peer
+        if r.tier is self.local and peer is not None and r.step in peer.fetched.values():
+            return PEER_COPY_TIER
+        return r.tier.name
 
     def _act_on(self, decision: ResumeDecision) -> None:
         """Log what restore passed over; record it for the controller (the progress file and the
@@ -208,6 +243,8 @@ class Checkpointer:
         if self._planned or not self.enabled:
             return
         self._planned = True
+        if (peer := self._peer) is not None:  # an adapter that saves without having restored
+            peer.setup(self.io)
         decided: tuple[int, int] | None = None  # (generation, highest sequence), rank 0's
         if self.persistent is not None and self.me.rank == 0:
             tier = self.persistent
@@ -387,6 +424,10 @@ class Checkpointer:
                 files[path] = ManifestFile.from_checksum(path, size, checksum)
         extra = self._manifest_extra(tier, reports) if self._manifest_extra else {}
         extra[MANIFEST_REASON] = reason
+        if tier is self.local and (peer := self._peer) is not None:
+            # Where this node's copy is sent (the successor verifies it before keeping it).
+            if (where := peer.successor_record()) is not None:
+                extra[MANIFEST_PEER_COPY] = where
         return Manifest(
             step=step,
             epoch=epoch,
@@ -415,6 +456,8 @@ class Checkpointer:
             )
         if "local" in result.locations:
             self.progress.local_checkpoint_saved(result.locations["local"])
+            if (peer := self._peer) is not None:
+                peer.offer(result.step)  # on its own thread: training goes on
 
     # ------------------------------------------------------------------ progress and shutdown
 
@@ -432,3 +475,5 @@ class Checkpointer:
         self.closed = True
         self.end_agreement()
         self.session.shutdown()
+        if self.peer is not None:
+            self.peer.close()

@@ -41,6 +41,14 @@ def test_record_fields_fit_the_schema() -> None:
     assert "somethingNew" not in f
 
 
+def test_the_tier_resumed_from_reaches_the_status() -> None:
+    # issue 28: a restore from a peer copy of the ramdisk tier is named in the TrainingProgress.
+    r = rec(resumedFrom="checkpoint-30", checkpointing={"resumedTier": "local (peer copy)"})
+    assert record_fields(r)["checkpointing"] == {"resumedTier": "local (peer copy)"}
+    long = rec(checkpointing={"resumedTier": "x" * 100})  # bounded like every string
+    assert len(record_fields(long)["checkpointing"]["resumedTier"]) == 32
+
+
 def test_first_record_sets_values_conditions_and_source() -> None:
     dec = decide({}, Observation(pod="job-master-0", record=rec(), source="exec"), NOW)
     s = dec.status

@@ -1,0 +1,526 @@
+"""Peer copies of the ramdisk tier on loopback (trainer_runtime/peer_copy/): a receiver's store
+and server, a sender's push and a restore's fetch, over real HTTP between temp "ramdisks"; the
+hostile requests a receiver refuses; and a restore of N simulated ranks (threads, toy framework)
+whose node lost its ramdisk."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.simulated_ranks import SimulatedAgreement, SimulatedGroup, run_ranks
+from tests.support.toy_ranks import Job, ToyLoader, ToySave
+from tests.support.toy_ranks import _env as _toy_env
+from trainer_runtime import layout
+from trainer_runtime.config import Config
+from trainer_runtime.contract import (
+    MANIFEST_FILE,
+    MANIFEST_PEER_COPY,
+    RESUMED_TIER,
+    ContractError,
+    build_manifest,
+    read_manifest,
+    write_manifest_atomic,
+)
+from trainer_runtime.peer_copy.client import (
+    Peer,
+    PeerError,
+    Pusher,
+    fetch_copy,
+    push_copy,
+    read_own_size,
+)
+from trainer_runtime.peer_copy.server import PeerServer
+from trainer_runtime.peer_copy.service import TIER_LABEL, PeerCopy
+from trainer_runtime.peer_copy.store import PeerStore
+from trainer_runtime.protocol import Checkpointer, Member, Solo
+from trainer_runtime.storage import LocalTier
+
+TOKEN = "job-token"
+
+
+def _checkpoint(root: Path, step: int, files: dict[str, bytes], sequence: int = 1) -> Path:
+    """A complete local checkpoint of one node, as TierCommit leaves it."""
+    path = layout.checkpoint_path(root, step)
+    path.mkdir(parents=True)
+    for rel, data in files.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_bytes(data)
+    manifest = build_manifest(
+        path,
+        step=step,
+        epoch=0,
+        world_size=2,
+        framework="toy",
+        tier="local",
+        extra={"sequence": sequence},
+    )
+    write_manifest_atomic(path, manifest)
+    return path
+
+
+class _Receiver:
+    """Node `index` of `nodes`: its ramdisk, store and server on loopback."""
+
+    def __init__(self, ramdisk: Path, index: int, nodes: int, free: int | None = None) -> None:
+        self.ramdisk = ramdisk
+        self.store = PeerStore(
+            ramdisk,
+            index,
+            nodes,
+            reserve_bytes=lambda: 0,
+            free_bytes=None if free is None else (lambda: free),
+        )
+        self.server = PeerServer(self.store, TOKEN, "127.0.0.1").start()
+        self.peer = Peer("127.0.0.1", self.server.port)
+
+    def kept(self) -> list[str]:
+        """Everything under the receiver's peers/ directory (relative paths)."""
+        root = self.store.root
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[Any]:
+    made: list[_Receiver] = []
+
+    def make(index: int = 1, nodes: int = 2, free: int | None = None) -> _Receiver:
+        made.append(_Receiver(tmp_path / f"ramdisk-{index}", index, nodes, free))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.server.stop()
+
+
+def _raw(peer: Peer, method: str, path: str, body: bytes = b"", **headers: str) -> tuple[int, str]:
+    conn = peer.connect()
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def test_a_copy_arrives_complete_and_a_newer_one_replaces_it(receiver, tmp_path: Path) -> None:
+    r = receiver()
+    src = tmp_path / "ramdisk-0"
+    files = {"rank-0.bin": os.urandom(3 * 1024 * 1024 + 7), "sub/rank-1.bin": b"x" * 10}
+    five = _checkpoint(src, 5, files, sequence=1)
+    sent = push_copy(r.peer, TOKEN, 0, 5, five)
+    assert sent > sum(len(b) for b in files.values())  # the files, then the manifest
+    copy = r.store.complete_dir(0, 5)
+    assert {rel: (copy / rel).read_bytes() for rel in files} == files
+    assert read_manifest(copy) == read_manifest(five)
+    assert r.store.holding() == {0: {5: 1}}
+    seven = _checkpoint(src, 7, {"rank-0.bin": b"newer"}, sequence=2)
+    push_copy(r.peer, TOKEN, 0, 7, seven)
+    assert r.store.holding() == {0: {7: 2}}  # only the newest complete copy per sender
+    assert r.kept() == [
+        "0",
+        "0/checkpoint-7",
+        "0/checkpoint-7/manifest.json",
+        "0/checkpoint-7/rank-0.bin",
+    ]
+
+
+def test_without_the_token_nothing_is_stored_or_served(receiver, tmp_path: Path) -> None:
+    r = receiver()
+    five = _checkpoint(tmp_path / "ramdisk-0", 5, {"rank-0.bin": b"state"})
+    with pytest.raises(PeerError, match="401"):
+        push_copy(r.peer, "wrong-token", 0, 5, five)
+    assert r.kept() == []
+    push_copy(r.peer, TOKEN, 0, 5, five)
+    status, _ = _raw(r.peer, "GET", "/peer/v1/0/5/files/rank-0.bin")  # no Authorization
+    assert status == 401
+    status, _ = _raw(r.peer, "GET", "/peer/v1/0/5/manifest", Authorization="Bearer job-toke")
+    assert status == 401
+    assert r.store.refused == 3
+
+
+def test_only_the_ring_predecessor_may_store_a_copy(receiver, tmp_path: Path) -> None:
+    r = receiver(index=1, nodes=3)  # keeps node 0's copies, nobody else's
+    two = _checkpoint(tmp_path / "ramdisk-2", 5, {"rank-2.bin": b"state"})
+    with pytest.raises(PeerError, match="403"):
+        push_copy(r.peer, TOKEN, 2, 5, two)
+    assert r.kept() == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "..%2F..%2Fescaped.bin",  # .. out of the copy
+        "%2Fetc%2Fescaped.bin",  # absolute
+        "a%2F..%2F..%2Fescaped.bin",
+        "manifest.json",  # the commit marker is not a file of the copy
+    ],
+)
+def test_a_path_that_escapes_is_refused_and_leaves_nothing(
+    receiver, tmp_path: Path, path: str
+) -> None:
+    r = receiver()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    status, reason = _raw(r.peer, "PUT", f"/peer/v1/0/5/files/{path}", b"evil", **auth)
+    assert status == 400, reason
+    assert r.kept() == []
+    assert not list(tmp_path.rglob("escaped.bin"))
+
+
+def test_a_file_is_never_written_through_a_symlink(receiver, tmp_path: Path) -> None:
+    r = receiver()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for link, to in (("out", outside), ("in", Path("real"))):
+        for rel in (f"{link}/evil.bin", f"{link}/sub/evil.bin"):
+            assert _raw(r.peer, "PUT", "/peer/v1/0/5/files/real/1.bin", b"1", **auth)[0] == 201
+            (r.store.partial_dir(0, 5) / link).symlink_to(to)  # planted by a local attacker
+            status, reason = _raw(r.peer, "PUT", f"/peer/v1/0/5/files/{rel}", b"e", **auth)
+            assert status == 400 and "a symlink on the way" in reason, reason
+            assert list(outside.iterdir()) == []  # not even a directory made through it
+            assert r.kept() == ["0"]  # the refusal dropped the copy in progress
+
+
+def test_a_symlink_in_a_kept_copy_is_never_followed(receiver, tmp_path: Path) -> None:
+    r = receiver()
+    five = _checkpoint(tmp_path / "ramdisk-0", 5, {"rank-0.bin": b"state"})
+    push_copy(r.peer, TOKEN, 0, 5, five)
+    secret = tmp_path / "secret"
+    secret.write_text("not yours")
+    target = r.store.complete_dir(0, 5) / "rank-0.bin"
+    target.unlink()
+    target.symlink_to(secret)
+    status, _ = _raw(
+        r.peer, "GET", "/peer/v1/0/5/files/rank-0.bin", Authorization=f"Bearer {TOKEN}"
+    )
+    assert status == 404
+
+
+def test_a_copy_larger_than_the_room_is_refused_and_counted(receiver, tmp_path: Path) -> None:
+    r = receiver(free=1000)
+    five = _checkpoint(tmp_path / "ramdisk-0", 5, {"a.bin": b"1" * 600, "b.bin": b"2" * 1200})
+    with pytest.raises(PeerError, match="413"):
+        push_copy(r.peer, TOKEN, 0, 5, five)
+    assert r.kept() == ["0"]  # the partial copy went with the refusal
+    assert r.store.refused_for_room == 1
+
+
+def test_the_nodes_own_next_checkpoint_keeps_its_room(tmp_path: Path) -> None:
+    ramdisk = tmp_path / "ramdisk-1"
+    own = _checkpoint(ramdisk, 9, {"rank-1.bin": b"o" * 800})
+    store = PeerStore(ramdisk, 1, 2, reserve_bytes=lambda: 800, free_bytes=lambda: 1000)
+    server = PeerServer(store, TOKEN, "127.0.0.1").start()
+    try:
+        five = _checkpoint(tmp_path / "ramdisk-0", 5, {"rank-0.bin": b"p" * 500})
+        with pytest.raises(PeerError, match="413"):
+            push_copy(Peer("127.0.0.1", server.port), TOKEN, 0, 5, five)
+    finally:
+        server.stop()
+    assert layout.verify_checkpoint(own, checksums=True)[1] == []  # never evicted
+    assert store.holding() == {}
+
+
+def test_a_body_shorter_than_declared_leaves_nothing(receiver) -> None:
+    r = receiver()
+    with socket.create_connection(("127.0.0.1", r.server.port)) as s:
+        s.sendall(
+            b"PUT /peer/v1/0/5/files/rank-0.bin HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n".encode()
+            + b"only ten b"
+        )
+        s.shutdown(socket.SHUT_WR)
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert r.kept() == ["0"]
+
+
+def test_a_body_longer_than_declared_is_not_stored_past_its_length(receiver, tmp_path) -> None:
+    r = receiver()
+    five = _checkpoint(tmp_path / "ramdisk-0", 5, {"rank-0.bin": b"0123456789" * 2})
+    with socket.create_connection(("127.0.0.1", r.server.port)) as s:
+        s.sendall(
+            b"PUT /peer/v1/0/5/files/rank-0.bin HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {TOKEN}\r\nContent-Length: 10\r\n\r\n".encode()
+            + b"0123456789" * 2
+        )
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 201"), answer
+    # The manifest lists 20 bytes; 10 were declared and kept: the copy never completes.
+    status, reason = _raw(
+        r.peer,
+        "PUT",
+        "/peer/v1/0/5/manifest",
+        (five / MANIFEST_FILE).read_bytes(),
+        Authorization=f"Bearer {TOKEN}",
+    )
+    assert status == 422 and "size mismatch" in reason
+    assert r.kept() == ["0"]
+
+
+def test_a_manifest_that_does_not_match_the_files_is_refused(receiver, tmp_path: Path) -> None:
+    r = receiver()
+    src = tmp_path / "ramdisk-0"
+    five = _checkpoint(src, 5, {"rank-0.bin": b"good state"})
+    auth = f"Bearer {TOKEN}"
+    status, _ = _raw(
+        r.peer, "PUT", "/peer/v1/0/5/files/rank-0.bin", b"evil state", Authorization=auth
+    )
+    assert status == 201  # same size, other content: the manifest's checksum tells
+    status, reason = _raw(
+        r.peer,
+        "PUT",
+        "/peer/v1/0/5/manifest",
+        (five / MANIFEST_FILE).read_bytes(),
+        Authorization=auth,
+    )
+    assert status == 422 and "checksum mismatch" in reason
+    assert r.kept() == ["0"]
+    # A file the manifest does not list, or one it lists that never came, is refused too.
+    for extra in ("rank-0.bin", "stowaway.bin"):
+        _raw(r.peer, "PUT", f"/peer/v1/0/5/files/{extra}", b"good state", Authorization=auth)
+    status, reason = _raw(
+        r.peer,
+        "PUT",
+        "/peer/v1/0/5/manifest",
+        (five / MANIFEST_FILE).read_bytes(),
+        Authorization=auth,
+    )
+    assert status == 422 and "not in the manifest: stowaway.bin" in reason
+    assert r.kept() == ["0"]
+    status, reason = _raw(r.peer, "PUT", "/peer/v1/0/5/manifest", b"{not json", Authorization=auth)
+    assert status == 400 and r.kept() == ["0"]
+
+
+def test_fetch_verifies_by_content_and_a_corrupt_copy_leaves_nothing(
+    receiver, tmp_path: Path
+) -> None:
+    r = receiver()
+    files = {"rank-0.bin": os.urandom(4096)}
+    five = _checkpoint(tmp_path / "ramdisk-0", 5, files)
+    push_copy(r.peer, TOKEN, 0, 5, five)
+    into = tmp_path / "replacement" / "checkpoint-5"
+    into.parent.mkdir()
+    assert fetch_copy(r.peer, TOKEN, 0, 5, into) == into
+    assert (into / "rank-0.bin").read_bytes() == files["rank-0.bin"]
+    shutil.rmtree(into)
+    kept = r.store.complete_dir(0, 5) / "rank-0.bin"
+    kept.write_bytes(bytes(b ^ 1 for b in files["rank-0.bin"]))  # same size, other bytes
+    with pytest.raises(PeerError, match="does not verify"):
+        fetch_copy(r.peer, TOKEN, 0, 5, into)
+    assert list(into.parent.iterdir()) == []
+    with pytest.raises(PeerError, match="404"):
+        fetch_copy(r.peer, TOKEN, 0, 6, into)  # a copy it does not keep
+    assert list(into.parent.iterdir()) == []
+
+
+def test_the_pusher_sends_the_newest_offer_and_never_blocks(receiver, tmp_path: Path) -> None:
+    r = receiver()
+    src = tmp_path / "ramdisk-0"
+    for step in (1, 2, 3):
+        _checkpoint(src, step, {"rank-0.bin": os.urandom(1024)}, sequence=step)
+    pusher = Pusher(r.peer, TOKEN, 0, src)
+    try:
+        started = time.monotonic()
+        for step in (1, 2, 3):
+            pusher.offer(step)
+        assert time.monotonic() - started < 0.5
+        assert pusher.wait_idle(30)
+    finally:
+        pusher.close()
+    assert pusher.pushed[-1] == 3 and r.store.holding() == {0: {3: 3}}
+
+
+# ---------------------------------------------------------------- a job of simulated ranks
+
+
+def _peer_job(job_factory, tmp_path: Path, n: int) -> Job:
+    j = job_factory(n, CHECKPOINT_LOCAL_DIR="", CHECKPOINT_LOCAL_PERIOD="1")
+    for r, c in enumerate(j.ckpts):  # a ramdisk per node; each rank is a node's coordinator
+        c.local = type(c.persistent)(str(tmp_path / f"ramdisk-{r}"), "local")
+        c.schedule.local_enabled = True
+        c.peer = PeerCopy(c.local, c.me, "127.0.0.1")
+    return j
+
+
+@pytest.fixture
+def job(tmp_path: Path):
+    jobs: list[Job] = []
+
+    def make(n: int, **kw: Any) -> Job:
+        jobs.append(Job(tmp_path, n, **kw))
+        return jobs[-1]
+
+    yield make
+    for j in jobs:
+        j.close()
+        for c in j.ckpts:
+            if c.peer is not None:
+                c.peer.close()
+
+
+def _train_and_copy(job, tmp_path: Path, n: int, steps: range) -> None:
+    j = _peer_job(job, tmp_path, n)
+
+    def rank(r: int) -> None:
+        c = j.ckpts[r]
+        for step in steps:
+            c.observe(step)
+            d = c.decide(step)
+            if d.persistent or d.local:
+                c.save(
+                    step, lambda s=step: ToySave(r, [s, r]), persistent=d.persistent, local=d.local
+                )
+        c.session.wait()  # the last save's result offers its local checkpoint to the pusher
+        assert c.peer is not None and c.peer.pusher is not None
+        assert c.peer.pusher.wait_idle(30)
+        c.close()
+
+    run_ranks(n, rank)
+
+
+def test_a_replaced_node_restores_from_its_successors_copy(job, tmp_path: Path) -> None:
+    _train_and_copy(job, tmp_path, 2, range(1, 4))
+    assert [e.step for e in layout.scan(tmp_path / "ckpt")] == [2]
+    lost = tmp_path / "ramdisk-1" / "checkpoint-3"
+    before = (lost / "rank-1.json").read_bytes()
+    manifest = read_manifest(lost)
+    assert manifest.extra[MANIFEST_PEER_COPY] == {"node": 0, "pod": "node-0"}
+    kept = tmp_path / "ramdisk-0" / "peers" / "1" / "checkpoint-3"
+    assert (kept / "rank-1.json").read_bytes() == before
+    shutil.rmtree(tmp_path / "ramdisk-1")  # node 1 was replaced: a new, empty ramdisk
+    k = _peer_job(job, tmp_path, 2)
+    restored = run_ranks(2, lambda r: k.ckpts[r].restore(ToyLoader(r)))
+    assert [(x.step, x.tier.name) for x in restored] == [(3, "local")] * 2
+    assert [c.resumed_tier for c in k.ckpts] == [TIER_LABEL] * 2
+    assert k.ckpts[0].progress.checkpointing.extra[RESUMED_TIER] == TIER_LABEL  # the record says so
+    assert (lost / "rank-1.json").read_bytes() == before  # bitwise
+    assert read_manifest(lost) == manifest
+    # A node that lost nothing, and the copies each keeps, are left as they were.
+    assert (kept / "rank-1.json").read_bytes() == before
+
+
+def test_a_corrupt_peer_copy_is_rejected_and_the_restore_falls_back(job, tmp_path: Path) -> None:
+    _train_and_copy(job, tmp_path, 2, range(1, 4))
+    kept = tmp_path / "ramdisk-0" / "peers" / "1" / "checkpoint-3" / "rank-1.json"
+    kept.write_bytes(kept.read_bytes().replace(b"3", b"4"))  # same size, other state
+    shutil.rmtree(tmp_path / "ramdisk-1")
+    k = _peer_job(job, tmp_path, 2)
+    loaders = [ToyLoader(r) for r in range(2)]
+    restored = run_ranks(2, lambda r: k.ckpts[r].restore(loaders[r]))
+    assert [(x.step, x.tier.name) for x in restored] == [(2, "persistent")] * 2
+    assert [c.resumed_tier for c in k.ckpts] == ["persistent"] * 2
+    assert [ld.loaded for ld in loaders] == [[2, 0], [2, 1]]
+    assert not (tmp_path / "ramdisk-1" / "checkpoint-3").exists()  # nothing unverified kept
+
+
+def test_three_nodes_copy_round_the_ring(job, tmp_path: Path) -> None:
+    _train_and_copy(job, tmp_path, 3, range(1, 4))
+    for node in range(3):
+        keeper = (node + 1) % 3
+        kept = tmp_path / f"ramdisk-{keeper}" / "peers" / str(node)
+        assert [p.name for p in kept.iterdir()] == ["checkpoint-3"]
+        mine = tmp_path / f"ramdisk-{node}" / "checkpoint-3" / f"rank-{node}.json"
+        assert (kept / "checkpoint-3" / f"rank-{node}.json").read_bytes() == mine.read_bytes()
+    assert json.loads((tmp_path / "ramdisk-2" / "checkpoint-3" / "rank-2.json").read_text()) == [
+        3,
+        2,
+    ]
+
+
+def test_one_node_has_no_peer_and_saves_as_before(job, tmp_path: Path) -> None:
+    j = _peer_job(job, tmp_path, 1)
+    c = j.ckpts[0]
+    c.save(1, lambda: ToySave(0, [1, 0]), persistent=False, local=True, blocking=True)
+    assert c.peer is not None and c.peer.pusher is None and c.peer.successor_record() is None
+    assert c.peer.server is None  # nothing to keep or serve: no port left open
+    assert MANIFEST_PEER_COPY not in read_manifest(tmp_path / "ramdisk-0" / "checkpoint-1").extra
+    c.close()
+
+
+def test_the_environment_turns_peer_copies_on_with_the_local_tier(tmp_path: Path) -> None:
+    base = _toy_env(tmp_path, 0, CHECKPOINT_LOCAL_PEER="1", KUBECKPT_POD_IP="10.0.0.7")
+
+    def made(**env: str) -> Checkpointer:
+        config = Config.from_env({**base, **env})
+        return Checkpointer(config, framework="toy", comm=Solo(), io=Solo(), me=Member())
+
+    on = made(CHECKPOINT_LOCAL_DIR=str(tmp_path / "ramdisk"))
+    assert on.peer is not None and on.peer.host == "10.0.0.7" and on.peer.local is on.local
+    assert made().peer is None  # no local tier: nothing to copy
+    assert made(CHECKPOINT_LOCAL_DIR=str(tmp_path / "r"), CHECKPOINT_LOCAL_PEER="no").peer is None
+    with pytest.raises(ContractError, match="CHECKPOINT_LOCAL_PEER"):
+        made(CHECKPOINT_LOCAL_PEER="sometimes")
+
+
+def test_setup_with_a_rank_gone_leaves_peer_copies_off_without_raising(tmp_path: Path) -> None:
+    group = SimulatedGroup(2, timeout=0.3)
+    local = LocalTier(tmp_path / "ramdisk-0", "local")
+    peer = PeerCopy(local, Member(rank=0, local_rank=0, world_size=2, node="node-0"), "127.0.0.1")
+    peer.setup(group.member(0))  # rank 1 never comes
+    assert peer.ready and peer.server is None and peer.pusher is None and peer.token is None
+    assert peer.successor_record() is None
+    peer.offer(1)  # nothing to push to: a no-op
+
+
+def test_the_reserve_is_the_size_of_the_nodes_newest_checkpoint(tmp_path: Path) -> None:
+    ramdisk = tmp_path / "ramdisk"
+    assert read_own_size(ramdisk) == 0  # nothing yet: no reserve
+    _checkpoint(ramdisk, 20, {"a.bin": b"x" * 300}, sequence=5)
+    _checkpoint(ramdisk, 30, {"a.bin": b"x" * 100, "b.bin": b"y" * 50}, sequence=4)
+    assert read_own_size(ramdisk) == 300  # by commit order, not step
+    (layout.checkpoint_path(ramdisk, 20) / MANIFEST_FILE).unlink()  # incomplete: not counted
+    assert read_own_size(ramdisk) == 150
+
+
+def test_a_successor_whose_server_is_down_means_the_persistent_tier(job, tmp_path: Path) -> None:
+    _train_and_copy(job, tmp_path, 2, range(1, 4))
+    shutil.rmtree(tmp_path / "ramdisk-1")
+    k = _peer_job(job, tmp_path, 2)
+    c0 = k.ckpts[0]
+    c0.peer = PeerCopy(c0.local, c0.me, "192.0.2.1")  # TEST-NET: cannot be bound here
+    restored = run_ranks(2, lambda r: k.ckpts[r].restore(ToyLoader(r)))
+    assert [(x.step, x.tier.name) for x in restored] == [(2, "persistent")] * 2
+    assert c0.peer.server is None and k.ckpts[1].peer.fetched == {}
+
+
+class _JsonAgreement(SimulatedAgreement):
+    """What the JAX adapter's agreement carries: JSON (tuples arrive as lists)."""
+
+    def _exchange(self, obj: Any) -> list[Any]:
+        return json.loads(json.dumps(super()._exchange(json.loads(json.dumps(obj)))))
+
+
+def test_setup_and_recover_work_over_a_json_agreement(job, tmp_path: Path) -> None:
+    _train_and_copy(job, tmp_path, 2, range(1, 4))
+    shutil.rmtree(tmp_path / "ramdisk-1")
+    group = SimulatedGroup(2)
+    peers = [
+        PeerCopy(
+            LocalTier(tmp_path / f"ramdisk-{r}", "local"),
+            Member(rank=r, local_rank=0, world_size=2, node=f"pod-{r}"),
+            "127.0.0.1",
+        )
+        for r in range(2)
+    ]
+
+    def rank(r: int) -> dict[int, int]:
+        io = _JsonAgreement(group, r)
+        peers[r].setup(io)
+        return peers[r].recover(io)
+
+    try:
+        assert run_ranks(2, rank) == [{1: 3}, {1: 3}]
+    finally:
+        for p in peers:
+            p.close()
+    fetched = tmp_path / "ramdisk-1" / "checkpoint-3"
+    assert layout.verify_checkpoint(fetched, checksums=True)[1] == []

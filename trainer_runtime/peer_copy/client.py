@@ -1,0 +1,248 @@
+"""The sender's push and a restore's fetch, over http.client (standard library).
+
+`Pusher` is a daemon thread of the node's coordinator: the save protocol offers it each local
+checkpoint once committed and goes on; it sends one copy at a time, and a newer offer supersedes
+one not yet started (or one in progress, between two files). So the training step never waits
+for a peer copy: at worst the copy lags or is skipped, and the persistent tier is the fallback.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import quote
+
+from .. import layout
+from ..contract import MANIFEST_FILE, Manifest, read_manifest
+from .server import CHECKSUM_HEADER, PREFIX
+
+log = logging.getLogger("trainer_runtime.peer_copy")
+
+TIMEOUT_SECONDS: Final = 60.0  # one socket operation, not the whole copy
+BLOCK_BYTES: Final = 1024 * 1024
+FETCH_PREFIX: Final = ".peer-fetch-"
+
+
+class PeerError(RuntimeError):
+    """A push or a fetch that did not complete (the peer refused it, or it was unreachable)."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Where a node's peer copy server listens."""
+
+    host: str
+    port: int
+
+    def connect(self) -> http.client.HTTPConnection:
+        host = self.host.strip("[]")
+        return http.client.HTTPConnection(
+            host, self.port, timeout=TIMEOUT_SECONDS, blocksize=BLOCK_BYTES
+        )
+
+
+def _url(sender: int, step: int, rel: str | None) -> str:
+    base = f"{PREFIX}{sender}/{step}"
+    return f"{base}/manifest" if rel is None else f"{base}/files/{quote(rel)}"
+
+
+def _expect(response: http.client.HTTPResponse, status: int, what: str) -> bytes:
+    body = response.read()
+    if response.status != status:
+        reason = body[:500].decode("utf-8", "replace")
+        raise PeerError(f"{what}: {response.status} {reason}")
+    return body
+
+
+def _put(
+    conn: http.client.HTTPConnection, url: str, body: Any, headers: dict[str, str], what: str
+) -> None:
+    """One PUT answered 201; a file body goes by sendfile (no copy through Python). A receiver
+    that refuses before reading the body (401, 413) may close the connection while it is still
+    sent: its answer is read all the same, where it came."""
+    try:
+        conn.putrequest("PUT", url, skip_accept_encoding=True)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        if isinstance(body, bytes):
+            conn.send(body)
+        else:
+            assert conn.sock is not None
+            conn.sock.sendfile(body, 0, int(headers["Content-Length"]))
+    except OSError as e:
+        try:
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException):
+            raise e from None
+        _expect(response, 201, what)
+        raise
+    _expect(conn.getresponse(), 201, what)
+
+
+def push_copy(
+    peer: Peer,
+    token: str,
+    sender: int,
+    step: int,
+    directory: Path,
+    *,
+    superseded: threading.Event | None = None,
+) -> int:
+    """Send the complete checkpoint in `directory` as `sender`'s copy of `step`: every file, then
+    the manifest. The bytes sent; PeerError when it did not complete (or was `superseded`)."""
+    data = (directory / MANIFEST_FILE).read_bytes()
+    manifest = Manifest.from_json(data)
+    auth = {"Authorization": f"Bearer {token}"}
+    sent = 0
+    conn = peer.connect()
+    try:
+        for f in manifest.files:
+            if superseded is not None and superseded.is_set():
+                raise PeerError(f"step {step}: superseded by a newer checkpoint, or closing")
+            algorithm, _ = f.checksum
+            with open(directory / f.path, "rb") as body:
+                if os.fstat(body.fileno()).st_size != f.size:
+                    raise PeerError(f"{f.path}: changed since its manifest was written")
+                headers = {**auth, "Content-Length": str(f.size), CHECKSUM_HEADER: algorithm}
+                _put(conn, _url(sender, step, f.path), body, headers, f.path)
+            sent += f.size
+        headers = {**auth, "Content-Length": str(len(data))}
+        _put(conn, _url(sender, step, None), data, headers, MANIFEST_FILE)
+    except (OSError, http.client.HTTPException) as e:
+        raise PeerError(f"step {step} to {peer.host}:{peer.port}: {e}") from e
+    finally:
+        conn.close()
+    return sent + len(data)
+
+
+def fetch_copy(peer: Peer, token: str, sender: int, step: int, into: Path) -> Path:
+    """Fetch `sender`'s copy of `step` from `peer` into the checkpoint directory `into`: into a
+    hidden directory beside it first, verified by content against its manifest (sizes and
+    checksums), and only then renamed `into`. PeerError when it cannot be fetched or verified,
+    and nothing is left."""
+    partial = into.with_name(FETCH_PREFIX + into.name)
+    shutil.rmtree(partial, ignore_errors=True)
+    auth = {"Authorization": f"Bearer {token}"}
+    conn = peer.connect()
+    try:
+        partial.mkdir(parents=True)
+        conn.request("GET", _url(sender, step, None), headers=auth)
+        data = _expect(conn.getresponse(), 200, MANIFEST_FILE)
+        manifest = Manifest.from_json(data)  # every path in it is checked relative and clean
+        if manifest.step != step:
+            raise PeerError(f"the copy's manifest is of step {manifest.step}, not {step}")
+        for f in manifest.files:
+            conn.request("GET", _url(sender, step, f.path), headers=auth)
+            response = conn.getresponse()
+            if response.status != 200:
+                _expect(response, 200, f.path)
+            if response.length != f.size:
+                raise PeerError(f"{f.path}: {response.length} bytes offered, {f.size} listed")
+            target = partial / f.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "wb") as out:
+                shutil.copyfileobj(response, out, BLOCK_BYTES)
+        (partial / MANIFEST_FILE).write_bytes(data)
+        _, problems = layout.verify_checkpoint(partial, checksums=True)
+        if problems:
+            raise PeerError(f"the copy of step {step} does not verify: {'; '.join(problems[:5])}")
+        shutil.rmtree(into, ignore_errors=True)
+        os.rename(partial, into)
+        return into
+    except (OSError, ValueError, http.client.HTTPException) as e:  # ValueError: ContractError
+        raise PeerError(f"step {step} from {peer.host}:{peer.port}: {e}") from e
+    finally:
+        conn.close()
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+class Pusher:
+    """Pushes this node's committed local checkpoints to its ring successor, newest only, on a
+    daemon thread. `offer` never blocks."""
+
+    def __init__(self, peer: Peer, token: str, sender: int, root: Path) -> None:
+        self.peer = peer
+        self.token = token
+        self.sender = sender
+        self.root = root  # the ramdisk tier's root: checkpoint-<step>/ under it
+        self.pushed: list[int] = []  # steps whose copy the successor accepted
+        self.failures = 0
+        self.last_error: str | None = None
+        self._offered: int | None = None
+        self._busy = False
+        self._superseded = threading.Event()
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="kubeckpt-peer-push", daemon=True)
+        self._thread.start()
+
+    def offer(self, step: int) -> None:
+        """A local checkpoint of `step` was committed: copy it to the peer (superseding older)."""
+        with self._cond:
+            self._offered = step
+            self._superseded.set()  # a push in progress stops at its next file
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every offer is pushed or failed (tests, benches)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._offered is None and not self._busy, timeout)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._superseded.set()
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._offered is not None or self._closed)
+                if self._closed:
+                    return
+                step, self._offered = self._offered, None
+                self._superseded.clear()
+                self._busy = True
+            assert step is not None
+            try:
+                directory = layout.checkpoint_path(self.root, step)
+                push_copy(
+                    self.peer,
+                    self.token,
+                    self.sender,
+                    step,
+                    directory,
+                    superseded=self._superseded,
+                )
+                self.pushed.append(step)
+            except Exception as e:  # the peer copy is best effort: the persistent tier remains
+                if self._closed:  # the process is ending: nothing to report
+                    log.info("kubeckpt: peer copy of step %d abandoned at close", step)
+                    continue
+                self.failures += 1
+                self.last_error = str(e)
+                log.warning("kubeckpt: peer copy of step %d not kept: %s", step, e)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
+def read_own_size(root: Path) -> int:
+    """The size of the node's newest complete local checkpoint (what its next one will need)."""
+    best: tuple[int, int] = (-1, 0)
+    for entry in layout.scan_dir(root):
+        if entry.complete:
+            try:
+                manifest = read_manifest(layout.checkpoint_path(root, entry.step))
+            except (OSError, ValueError):
+                continue
+            best = max(best, (manifest.sequence or 0, manifest.total_size))
+    return best[1]
