@@ -60,6 +60,7 @@ COLD = {
     "controller": 60,
     "runtime": 10,
     "training": 300,
+    "node_images": 110,
 }
 
 STEP = re.compile(r"step (\w+): (start|done|FAILED)")
@@ -264,7 +265,11 @@ def jobs_for(purpose: str) -> list[Job]:
         Job("binaries", ["bash", "hack/build-binaries.sh", "--for", purpose]),
     ]
     if os.geteuid() == 0:
-        jobs.append(Job("images", ["bash", "hack/images/build.sh"], nice=10))
+        # Then the real node's store filled from them, while Kubernetes still builds: else the
+        # first cluster start waits for that import (hack/localcluster/image_store.py).
+        preload = f'exec "$0" {REPO / "hack/localcluster/image_store.py"}'
+        script = f"bash hack/images/build.sh && {preload}"
+        jobs.append(Job("images", ["bash", "-c", script, sys.executable], nice=10))
     else:
         print("[prepare] not root, so no images and no real node (tests/node will say so)")
     if not venv_current(demo=demo):  # `make venv` announces nothing: its one step is told here

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from . import pki
+from .image_store import LOCK, import_missing, store_root
 from .images import IMAGES, ensure_images
 from .processes import Process, free_port, wait_ready
 
@@ -310,7 +311,7 @@ class RealNode:
         assert self.cluster.workdir is not None
         self.dir = self.cluster.workdir / "node"
         self.cache = cache_dir()
-        self.ctrd_root = self.cache / "containerd" / "root"
+        self.ctrd_root = store_root(self.cache)
         self.ctrd_dir = self.cluster.workdir / "containerd"
         self.sock = self.ctrd_dir / "containerd.sock"
         self._lock_fd: int | None = None
@@ -323,7 +324,7 @@ class RealNode:
         if os.geteuid() != 0:
             raise NodeUnavailable(host_problem() or "not root")
         self.cache.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.cache / "realnode.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = os.open(self.cache / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -565,31 +566,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             )
 
     def _import_images(self) -> None:
-        """Import the archives `hack/images/build.sh` made, unless the store already has that
-        exact archive (recorded by its path, which carries the inputs' hash)."""
+        """Import the archives `hack/images/build.sh` made that the store lacks (usually none:
+        `make demo` and `make test` preload the store while Kubernetes builds, image_store.py)."""
         archives = ensure_images(build=os.environ.get("KUBECKPT_NO_BUILD") != "1")
-        marker = self.ctrd_root / "kubeckpt-imported.json"
         try:
-            done = json.loads(marker.read_text())
-        except (OSError, ValueError):
-            done = {}
-        present = set(self.ctr("images", "ls", "-q").split())
-        for name, archive in archives.items():
-            if done.get(name) == str(archive) and name in present:
-                continue
-            self.ctr(
-                "images",
-                "import",
-                "--digests",
-                "--snapshotter=overlayfs",
-                str(archive),
-                timeout=900,
-            )
-            done[name] = str(archive)
-            marker.write_text(json.dumps(done))
-        missing = set(archives) - set(self.ctr("images", "ls", "-q").split())
-        if missing:
-            raise NodeUnavailable(f"images not in containerd after import: {sorted(missing)}")
+            import_missing(self.ctr, self.ctrd_root, archives)
+        except RuntimeError as e:
+            raise NodeUnavailable(str(e)) from None
 
     # --- CoreDNS ---
     def _start_coredns(self) -> None:
