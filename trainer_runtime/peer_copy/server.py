@@ -21,7 +21,7 @@ import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import BinaryIO, Final
+from typing import Any, BinaryIO, Final
 from urllib.parse import unquote
 
 from .store import PeerStore, Refused
@@ -32,6 +32,10 @@ PREFIX: Final = "/peer/v1/"
 CHECKSUM_HEADER: Final = "X-Kubeckpt-Checksum"
 MAX_MANIFEST_BODY: Final = 16 * 1024 * 1024  # contract.manifest.MAX_MANIFEST_BYTES
 DRAIN_BYTES: Final = 4 * 1024 * 1024  # a refused body up to this size is read before answering
+# Connections served at once: the job's own traffic is one push and one fetch per node; anything
+# on the pod network may connect, so the threads (each may wait `_Handler.timeout` for headers)
+# are bounded and a connection past the bound is closed at once.
+MAX_CONNECTIONS: Final = 8
 
 
 def parse_path(path: str) -> tuple[int, int, str | None]:
@@ -176,6 +180,25 @@ class PeerServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
         self._thread: threading.Thread | None = None
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused_connections = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused_connections += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # a thread of its own
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     @property
     def port(self) -> int:

@@ -38,7 +38,7 @@ from trainer_runtime.peer_copy.client import (
     push_copy,
     read_own_size,
 )
-from trainer_runtime.peer_copy.server import PeerServer
+from trainer_runtime.peer_copy.server import MAX_CONNECTIONS, PeerServer
 from trainer_runtime.peer_copy.service import TIER_LABEL, PeerCopy
 from trainer_runtime.peer_copy.store import PeerStore
 from trainer_runtime.protocol import Checkpointer, Member, Solo
@@ -145,6 +145,40 @@ def test_without_the_token_nothing_is_stored_or_served(receiver, tmp_path: Path)
     status, _ = _raw(r.peer, "GET", "/peer/v1/0/5/manifest", Authorization="Bearer job-toke")
     assert status == 401
     assert r.store.refused == 3
+
+
+def test_connections_past_the_bound_are_closed_and_the_job_still_gets_through(
+    receiver, tmp_path: Path
+) -> None:
+    """Anything on the pod network may connect: idle connections (no token, no request) hold
+    at most MAX_CONNECTIONS threads; one more is closed at once, and once they go, the job's
+    own push is served."""
+    r = receiver()
+    idle = [socket.create_connection(("127.0.0.1", r.server.port)) for _ in range(MAX_CONNECTIONS)]
+    try:
+        extra = socket.create_connection(("127.0.0.1", r.server.port))
+        extra.settimeout(5)
+        try:
+            assert extra.recv(1) == b""  # closed by the server, not left waiting
+        except ConnectionResetError:
+            pass
+        finally:
+            extra.close()
+        assert r.server.refused_connections >= 1
+    finally:
+        for s in idle:
+            s.close()
+    five = _checkpoint(tmp_path / "ramdisk-0", 5, {"rank-0.bin": b"state"})
+    deadline = time.monotonic() + 10
+    while True:  # the idle connections' threads end as their sockets close
+        try:
+            push_copy(r.peer, TOKEN, 0, 5, five)
+            break
+        except PeerError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    assert r.store.holding() == {0: {5: 1}}
 
 
 def test_only_the_ring_predecessor_may_store_a_copy(receiver, tmp_path: Path) -> None:
