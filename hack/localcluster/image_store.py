@@ -26,10 +26,10 @@ from pathlib import Path
 
 try:
     from .images import ensure_images
-    from .processes import die_with_parent, stop_process
+    from .processes import Process, wait_ready
 except ImportError:  # run as a script (python3 hack/localcluster/image_store.py)
     from images import ensure_images  # type: ignore[no-redef]
-    from processes import die_with_parent, stop_process  # type: ignore[no-redef]
+    from processes import Process, wait_ready  # type: ignore[no-redef]
 
 MARKER = "kubeckpt-imported.json"  # {image: archive imported}, in the store's root
 LOCK = "realnode.lock"  # the real node's: one user of the store at a time
@@ -68,15 +68,23 @@ def import_missing(ctr: Ctr, root: Path, archives: dict[str, Path]) -> list[str]
     return imported
 
 
-def _config(root: Path, run: Path) -> str:
-    # The store (root) is the node's; state, sockets and the CRI plugin are not needed to import.
+def containerd_config(root: Path, run: Path, *, cri: bool) -> str:
+    """The head of a containerd config on the node's store (`root`), with its state and sockets
+    under `run`: the real node's (which appends its CRI plugin's settings) and the preload's (which
+    needs no CRI to import). Ends with the [metrics] table, so a caller may append plugins."""
+    disabled = [] if cri else ["io.containerd.grpc.v1.cri"]
+    disabled += [
+        "io.containerd.snapshotter.v1.aufs",
+        "io.containerd.snapshotter.v1.btrfs",
+        "io.containerd.snapshotter.v1.devmapper",
+        "io.containerd.snapshotter.v1.zfs",
+        "io.containerd.tracing.processor.v1.otlp",
+        "io.containerd.internal.v1.tracing",
+    ]
     return f"""version = 2
 root = "{root}"
 state = "{run / "state"}"
-disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.internal.v1.tracing"]
+disabled_plugins = {json.dumps(disabled)}
 
 [grpc]
   address = "{run / "containerd.sock"}"
@@ -115,7 +123,7 @@ def preload(cache: Path) -> str:
 
 def _import_with_own_containerd(root: Path, run: Path, archives: dict[str, Path]) -> str:
     config = run / "config.toml"
-    config.write_text(_config(root, run))
+    config.write_text(containerd_config(root, run, cri=False))
     sock = run / "containerd.sock"
 
     def ctr(*args: str, timeout: float = 120) -> str:
@@ -125,28 +133,14 @@ def _import_with_own_containerd(root: Path, run: Path, archives: dict[str, Path]
             raise RuntimeError(f"{' '.join(argv)}: {p.stderr.strip()[-500:]}")
         return p.stdout
 
-    with (run / "containerd.log").open("wb") as log:
-        proc = subprocess.Popen(
-            ["containerd", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
-        )
+    proc = Process("containerd", ["containerd", "--config", str(config)], run / "containerd.log")
+    proc.start()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                ctr("version", timeout=5)
-                break
-            except (RuntimeError, subprocess.TimeoutExpired):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = (run / "containerd.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"containerd did not start:\n{tail}") from None
-                time.sleep(0.2)
+        wait_ready("containerd", proc, lambda: ctr("version", timeout=5), 30)
         t0 = time.monotonic()
         imported = import_missing(ctr, root, archives)
     finally:
-        stop_process(proc, timeout=30)
+        proc.stop(timeout=30)
     if not imported:
         return "the node's store already holds every image"
     return f"imported {', '.join(imported)} in {time.monotonic() - t0:.0f} s"

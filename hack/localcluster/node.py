@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from . import pki
-from .image_store import LOCK, import_missing, store_root
+from .image_store import LOCK, containerd_config, import_missing, store_root
 from .images import IMAGES, ensure_images
 from .processes import Process, free_port, wait_ready
 
@@ -467,22 +467,7 @@ class RealNode:
         # Every registry resolves to a closed loopback port: a missing image fails at once and
         # nothing is pulled from outside (the pods also use imagePullPolicy: Never).
         closed = "http://127.0.0.1:9"
-        return f"""version = 2
-root = "{self.ctrd_root}"
-state = "{self.ctrd_dir / "state"}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-
-[grpc]
-  address = "{self.sock}"
-[ttrpc]
-  address = "{self.ctrd_dir / "containerd.sock.ttrpc"}"
-[debug]
-  address = "{self.ctrd_dir / "debug.sock"}"
-[metrics]
-  address = ""
-
+        cri = f"""
 [plugins."io.containerd.internal.v1.opt"]
   path = "{self.ctrd_dir / "opt"}"
 [plugins."io.containerd.grpc.v1.cri"]
@@ -508,6 +493,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".registry.mirrors."kubeckpt.local"]
     endpoint = ["{closed}"]
 """
+        return containerd_config(self.ctrd_root, self.ctrd_dir, cri=True) + cri
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         assert self.cluster.workdir is not None
