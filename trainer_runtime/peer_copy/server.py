@@ -62,12 +62,16 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         log.debug("kubeckpt: peer copy server: " + format, *args)
 
-    def _authorized(self) -> bool:
-        if self.server.token is None or self.server.store is None:
-            return False  # setup has not finished: nothing is served yet
+    def _authorized_store(self) -> PeerStore:
+        """The store, for a request carrying the job's token; else Refused(401), counted."""
+        store, token = self.server.store, self.server.token
+        if store is None:  # setup has not finished: nothing is served yet
+            raise Refused(401, "bad or missing token")
         given = self.headers.get("Authorization", "")
-        expected = f"Bearer {self.server.token}"
-        return hmac.compare_digest(given.encode(), expected.encode())
+        if token is None or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            store.refused += 1
+            raise Refused(401, "bad or missing token")
+        return store
 
     def _answer(self, status: int, text: str = "") -> None:
         body = text.encode("utf-8", "replace")
@@ -97,14 +101,10 @@ class _Handler(BaseHTTPRequestHandler):
         return int(raw)
 
     def do_PUT(self) -> None:
-        store = self.server.store
         body = _Counted(self.rfile)
         length = 0
         try:
-            if store is None or not self._authorized():
-                if store is not None:
-                    store.refused += 1
-                raise Refused(401, "bad or missing token")
+            store = self._authorized_store()
             sender, step, rel = parse_path(self.path)
             length = self._length()
             if rel is None:
@@ -124,12 +124,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(HTTPStatus.CREATED)
 
     def do_GET(self) -> None:
-        store = self.server.store
         try:
-            if store is None or not self._authorized():
-                if store is not None:
-                    store.refused += 1
-                raise Refused(401, "bad or missing token")
+            store = self._authorized_store()
             sender, step, rel = parse_path(self.path)
             fd, size = store.open(sender, step, rel)
         except Refused as e:

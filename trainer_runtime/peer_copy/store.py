@@ -21,7 +21,8 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Final
@@ -135,6 +136,19 @@ class PeerStore:
 
     # ------------------------------------------------------------------ receiving
 
+    @contextmanager
+    def _receiving_from(self, sender: int) -> Iterator[None]:
+        """One request of `sender`'s under the store's lock; a refusal also drops the copy in
+        progress: a sender that sends what is refused is broken, and its partial copy would only
+        hold the room. The sender is checked first: another node's copy is never dropped."""
+        self._check_sender(sender)
+        with self._lock:
+            try:
+                yield
+            except Refused:
+                self._drop_receiving(sender)
+                raise
+
     def put_file(
         self,
         sender: int,
@@ -145,25 +159,12 @@ class PeerStore:
         checksum: str | None = None,
     ) -> None:
         """Receive one file of `sender`'s copy of `step`: exactly `length` bytes from `body`,
-        hashed with `checksum` (an algorithm name; default this runtime's preferred one). Any
-        refusal also drops the copy in progress: a sender that sends what is refused is broken,
-        and its partial copy would only hold the room."""
-        self._check_sender(sender)  # before anything is dropped: it is another node's copy
-        with self._lock:
-            try:
-                self._put_file(sender, step, rel, length, body, checksum)
-            except Refused:
-                self._drop_receiving(sender)
-                raise
+        hashed with `checksum` (an algorithm name; default this runtime's preferred one)."""
+        with self._receiving_from(sender):
+            self._receive_file(sender, step, rel, length, body, checksum)
 
-    def _put_file(
-        self,
-        sender: int,
-        step: int,
-        rel: str,
-        length: int,
-        body: BinaryIO,
-        checksum: str | None,
+    def _receive_file(
+        self, sender: int, step: int, rel: str, length: int, body: BinaryIO, checksum: str | None
     ) -> None:
         rel = self._clean_rel(rel)
         algorithm = checksum or preferred_checksum()
@@ -198,22 +199,18 @@ class PeerStore:
     def commit(self, sender: int, step: int, data: bytes) -> Path:
         """The manifest of `sender`'s copy of `step`, sent last: the copy becomes complete when it
         matches what arrived, and the sender's older copy goes. Its directory."""
-        self._check_sender(sender)
-        with self._lock:
+        with self._receiving_from(sender):
             receiving = self._receiving.get(sender)
             try:
                 manifest = Manifest.from_json(data)
             except ContractError as e:
-                self._drop_receiving(sender)
                 self._refuse(400, f"manifest of node {sender}: {e}")
             if receiving is None or receiving.step != step or manifest.step != step:
-                self._drop_receiving(sender)
                 self._refuse(409, f"manifest of step {manifest.step}: no copy of it in progress")
             assert receiving is not None
             partial = self.partial_dir(sender, step)
             problems = _mismatches(manifest, receiving.files, partial)
             if problems:
-                self._drop_receiving(sender)
                 self._refuse(422, f"copy of node {sender}: " + "; ".join(problems[:5]))
             write_manifest_atomic(partial, manifest)
             done = self.complete_dir(sender, step)
