@@ -126,3 +126,6 @@ class Job:
             if s.watcher is not None:
                 s.watcher.close(timeout=5)
             s.triggers.close(stopped=s.stopped)
+        for c in self.ckpts:  # a rank with peer copies on: its pusher and server
+            if c.peer is not None:
+                c.peer.close()

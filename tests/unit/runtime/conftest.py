@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from localcluster.seaweedfs import SeaweedFS
 from tests.support.s3 import BUCKET
+from tests.support.toy_ranks import Job
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[Callable[..., Job]]:
+    """Makes toy jobs (`job(n, **kw)`: tests/support/toy_ranks.Job) under tmp_path; each is closed
+    at the test's end, its watchers, triggers and peer copies stopped."""
+    jobs: list[Job] = []
+
+    def make(n: int, **kw: Any) -> Job:
+        jobs.append(Job(tmp_path, n, **kw))
+        return jobs[-1]
+
+    yield make
+    for j in jobs:
+        j.close()
 
 
 @pytest.fixture

@@ -28,19 +28,6 @@ from trainer_runtime.contract import (
 from trainer_runtime.generations import Entry
 
 
-@pytest.fixture
-def job(tmp_path: Path):
-    jobs: list[Job] = []
-
-    def make(n: int, **env: str) -> Job:
-        jobs.append(Job(tmp_path, n, **env))
-        return jobs[-1]
-
-    yield make
-    for j in jobs:
-        j.close()
-
-
 def snapshot(root: Path) -> dict[str, tuple[int, int, bytes]]:
     """(size, mtime, content) of every file under `root`: what "untouched" means."""
     out = {}

@@ -385,22 +385,6 @@ def _peer_job(job_factory, tmp_path: Path, n: int) -> Job:
     return j
 
 
-@pytest.fixture
-def job(tmp_path: Path):
-    jobs: list[Job] = []
-
-    def make(n: int, **kw: Any) -> Job:
-        jobs.append(Job(tmp_path, n, **kw))
-        return jobs[-1]
-
-    yield make
-    for j in jobs:
-        j.close()
-        for c in j.ckpts:
-            if c.peer is not None:
-                c.peer.close()
-
-
 def _train_and_copy(job, tmp_path: Path, n: int, steps: range) -> None:
     j = _peer_job(job, tmp_path, n)
 

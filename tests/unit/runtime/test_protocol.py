@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.simulated_ranks import SimulatedGroup, run_ranks
-from tests.support.toy_ranks import Job, ToyLoader, ToySave
+from tests.support.toy_ranks import ToyLoader, ToySave
 from trainer_runtime import layout
 from trainer_runtime.contract import (
     MANIFEST_REASON,
@@ -28,19 +28,6 @@ from trainer_runtime.contract import (
 )
 from trainer_runtime.protocol import Pipelined, Solo
 from trainer_runtime.stop import JitStop
-
-
-@pytest.fixture
-def job(tmp_path: Path):
-    jobs: list[Job] = []
-
-    def make(n: int, **kw: Any) -> Job:
-        jobs.append(Job(tmp_path, n, **kw))
-        return jobs[-1]
-
-    yield make
-    for j in jobs:
-        j.close()
 
 
 def _train(stop: JitStop, rank: int, steps: range, **save_kw: Any) -> int | None:

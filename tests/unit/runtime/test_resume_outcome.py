@@ -96,19 +96,6 @@ def test_the_setting_is_checked() -> None:
 # --- the Checkpointer acting on it (simulated ranks) ---------------------------------------------
 
 
-@pytest.fixture
-def job(tmp_path: Path):
-    jobs: list[Job] = []
-
-    def make(n: int, **env: str) -> Job:
-        jobs.append(Job(tmp_path, n, **env))
-        return jobs[-1]
-
-    yield make
-    for j in jobs:
-        j.close()
-
-
 def _write_checkpoints(j: Job, steps: list[int]) -> None:
     def rank(r: int) -> None:
         ckpt = j.ckpts[r]
