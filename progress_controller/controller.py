@@ -641,12 +641,17 @@ class ProgressController:
             since_change=None if state.last_change is None else now - state.last_change,
             period=period,
         )
-        state.next_poll = now + interval
+        # From the end of this look, as the requeue counts: a read that took seconds (a slow or
+        # hung `cat`, up to the exec timeout) must not be due again at once when its own write
+        # brings the job back, or its jobs would take their namespace's share of the exec
+        # slots again before the jobs refused as Busy (back after `retry_after`) ever got one.
+        done = self.clock.now()
+        state.next_poll = done + interval
         fresh_until = push_fresh_until(state.last_push, state.push_interval, self.settings.early)
-        if now < fresh_until:
+        if done < fresh_until:
             # Pushes arrive: the next look is when they would be overdue, not an exec sooner.
             state.next_poll = max(state.next_poll, fresh_until)
-            interval = state.next_poll - now
+            interval = state.next_poll - done
         return Result(requeue_after=interval)
 
     async def _take_victims(
