@@ -68,6 +68,39 @@ def import_missing(ctr: Ctr, root: Path, archives: dict[str, Path]) -> list[str]
     return imported
 
 
+def containerd_socket(run: Path) -> Path:
+    """The gRPC socket of a containerd whose state is under `run`: the one place that names it,
+    so the config, the `ctr` calls and the kubelet's endpoint cannot disagree."""
+    return run / "containerd.sock"
+
+
+def ctr_call(sock: Path) -> Ctr:
+    """`ctr` on `sock` in the CRI plugin's namespace: `ctr(*args, timeout=, check=)` returns its
+    stdout and raises RuntimeError on a non-zero exit unless `check=False`."""
+
+    def ctr(*args: str, timeout: float = 120, check: bool = True) -> str:
+        argv = ["ctr", "--address", str(sock), "-n", NAMESPACE, *args]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and p.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()[-500:]}"
+            )
+        return p.stdout
+
+    return ctr
+
+
+def import_problem() -> str | None:
+    """Why this machine cannot run a containerd to import images into the node's store (not
+    root, containerd or ctr not installed yet), or None when it can."""
+    if os.geteuid() != 0:
+        return "not root (no real node)"
+    missing = [c for c in ("containerd", "ctr") if shutil.which(c) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed yet"
+    return None
+
+
 def containerd_config(root: Path, run: Path, *, cri: bool) -> str:
     """The head of a containerd config on the node's store (`root`), with its state and sockets
     under `run`: the real node's (which appends its CRI plugin's settings) and the preload's (which
@@ -87,7 +120,7 @@ state = "{run / "state"}"
 disabled_plugins = {json.dumps(disabled)}
 
 [grpc]
-  address = "{run / "containerd.sock"}"
+  address = "{containerd_socket(run)}"
 [ttrpc]
   address = "{run / "containerd.sock.ttrpc"}"
 [debug]
@@ -100,11 +133,8 @@ disabled_plugins = {json.dumps(disabled)}
 def preload(cache: Path) -> str:
     """Fill the node's image store from the built archives; a line saying what happened. Never
     raises for a machine that cannot run a node or a store in use: the node imports at start."""
-    if os.geteuid() != 0:
-        return "skipped: not root (no real node)"
-    missing = [c for c in ("containerd", "ctr") if shutil.which(c) is None]
-    if missing:
-        return f"skipped: {', '.join(missing)} not installed yet (the node imports at start)"
+    if why := import_problem():
+        return f"skipped: {why} (the node imports at start)"
     cache.mkdir(parents=True, exist_ok=True)
     lock = os.open(cache / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -124,15 +154,7 @@ def preload(cache: Path) -> str:
 def _import_with_own_containerd(root: Path, run: Path, archives: dict[str, Path]) -> str:
     config = run / "config.toml"
     config.write_text(containerd_config(root, run, cri=False))
-    sock = run / "containerd.sock"
-
-    def ctr(*args: str, timeout: float = 120) -> str:
-        argv = ["ctr", "--address", str(sock), "-n", NAMESPACE, *args]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        if p.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)}: {p.stderr.strip()[-500:]}")
-        return p.stdout
-
+    ctr = ctr_call(containerd_socket(run))
     proc = Process("containerd", ["containerd", "--config", str(config)], run / "containerd.log")
     proc.start()
     try:

@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from . import pki
-from .image_store import LOCK, containerd_config, import_missing, store_root
+from .image_store import (
+    LOCK,
+    containerd_config,
+    containerd_socket,
+    ctr_call,
+    import_missing,
+    store_root,
+)
 from .images import IMAGES, ensure_images
 from .processes import Process, free_port, wait_ready
 
@@ -313,7 +320,8 @@ class RealNode:
         self.cache = cache_dir()
         self.ctrd_root = store_root(self.cache)
         self.ctrd_dir = self.cluster.workdir / "containerd"
-        self.sock = self.ctrd_dir / "containerd.sock"
+        self.sock = containerd_socket(self.ctrd_dir)
+        self.ctr = ctr_call(self.sock)
         self._lock_fd: int | None = None
         self.record = HostRecord(self.cache / "realnode.json")
         self.started = False
@@ -502,9 +510,6 @@ class RealNode:
         self.procs[name] = p
         return p
 
-    def ctr(self, *args: str, timeout: float = 120) -> str:
-        return run("ctr", "--address", str(self.sock), "-n", "k8s.io", *args, timeout=timeout)
-
     def _start_containerd(self) -> None:
         self.ctrd_root.mkdir(parents=True, exist_ok=True)
         self.ctrd_dir.mkdir(parents=True, exist_ok=True)
@@ -519,37 +524,10 @@ class RealNode:
     def _remove_containers(self) -> None:
         ids = self.ctr("containers", "ls", "-q").split()
         for cid in ids:
-            subprocess.run(
-                [
-                    "ctr",
-                    "--address",
-                    str(self.sock),
-                    "-n",
-                    "k8s.io",
-                    "tasks",
-                    "kill",
-                    "-a",
-                    "-s",
-                    "SIGKILL",
-                    cid,
-                ],
-                capture_output=True,
-                check=False,
-                timeout=30,
-            )
+            self.ctr("tasks", "kill", "-a", "-s", "SIGKILL", cid, timeout=30, check=False)
         for cid in ids:
-            subprocess.run(
-                ["ctr", "--address", str(self.sock), "-n", "k8s.io", "tasks", "delete", "-f", cid],
-                capture_output=True,
-                check=False,
-                timeout=30,
-            )
-            subprocess.run(
-                ["ctr", "--address", str(self.sock), "-n", "k8s.io", "containers", "rm", cid],
-                capture_output=True,
-                check=False,
-                timeout=30,
-            )
+            self.ctr("tasks", "delete", "-f", cid, timeout=30, check=False)
+            self.ctr("containers", "rm", cid, timeout=30, check=False)
 
     def _import_images(self) -> None:
         """Import the archives `hack/images/build.sh` made that the store lacks (usually none:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from localcluster.image_store import (
     LOCK,
     MARKER,
     _import_with_own_containerd,
+    import_problem,
     preload,
     store_root,
 )
@@ -27,11 +27,9 @@ PAUSE = IMAGES["pause"]
 def pause_archive() -> dict[str, Path]:
     # What the import needs, not a free host: the session's real node may run meanwhile (the
     # stores and sockets here are the test's own).
-    missing = [c for c in ("containerd", "ctr") if shutil.which(c) is None]
-    if os.geteuid() != 0 or missing:
+    if why := import_problem():
         pytest.fail(
-            f"importing images needs root and containerd ({missing or 'not root'}): run "
-            "`make binaries` as root",
+            f"importing images needs root and containerd ({why}): run `make binaries` as root",
             pytrace=False,
         )
     try:

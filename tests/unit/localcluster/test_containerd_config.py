@@ -4,10 +4,15 @@ preload's containerd must not start a second CRI server on the node's state)."""
 
 from __future__ import annotations
 
+import shutil
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
-from localcluster.image_store import containerd_config
+import pytest
+
+from localcluster.image_store import containerd_config, containerd_socket, ctr_call, store_root
+from localcluster.node import PAUSE_IMAGE, RealNode
 
 CRI = "io.containerd.grpc.v1.cri"
 
@@ -17,14 +22,35 @@ def test_preload_config_opens_the_node_store_without_cri(tmp_path: Path) -> None
     cfg = tomllib.loads(containerd_config(root, run, cri=False))
     assert cfg["root"] == str(root)
     assert cfg["state"] == str(run / "state")
-    assert cfg["grpc"]["address"] == str(run / "containerd.sock")
+    assert cfg["grpc"]["address"] == str(containerd_socket(run))
     assert CRI in cfg["disabled_plugins"]
 
 
-def test_node_config_keeps_cri_and_takes_its_plugin_tables(tmp_path: Path) -> None:
-    head = containerd_config(tmp_path / "root", tmp_path / "run", cri=True)
-    # The node appends its CRI settings after the head: the result must still be one valid TOML.
-    cfg = tomllib.loads(head + f'\n[plugins."{CRI}"]\n  sandbox_image = "pause"\n')
+def test_the_nodes_config_is_one_valid_toml_with_cri_on_the_shared_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real node's own config (its CRI settings appended to the shared head), built by a
+    RealNode on a scratch workdir: a broken table there fails here, not in every node test."""
+    monkeypatch.setenv("KUBECKPT_CACHE", str(tmp_path / "cache"))
+    node = RealNode(cluster=SimpleNamespace(workdir=tmp_path / "work"))  # type: ignore[arg-type]
+    cfg = tomllib.loads(node._containerd_config())
     assert CRI not in cfg["disabled_plugins"]
-    assert cfg["plugins"][CRI]["sandbox_image"] == "pause"
     assert "io.containerd.snapshotter.v1.overlayfs" not in cfg["disabled_plugins"]
+    assert cfg["root"] == str(store_root(tmp_path / "cache"))
+    # The socket the kubelet and the node's `ctr` calls use is the one containerd serves.
+    assert cfg["grpc"]["address"] == str(node.sock)
+    cri = cfg["plugins"][CRI]
+    assert cri["sandbox_image"] == PAUSE_IMAGE
+    assert cri["containerd"]["snapshotter"] == "overlayfs"
+    assert cri["cni"]["conf_dir"] == str(node.dir / "cni" / "net.d")
+    # Nothing is pulled from outside: every registry goes to a closed port.
+    assert cri["registry"]["mirrors"]["docker.io"]["endpoint"] == ["http://127.0.0.1:9"]
+
+
+def test_ctr_call_says_which_command_failed(tmp_path: Path) -> None:
+    if shutil.which("ctr") is None:
+        pytest.fail("`ctr` is not installed: run `make binaries` (it installs containerd)")
+    ctr = ctr_call(containerd_socket(tmp_path))  # nothing serves it; ctr fails before dialling
+    with pytest.raises(RuntimeError, match=r"ctr --address \S+containerd.sock -n k8s.io nope"):
+        ctr("nope", timeout=10)
+    assert ctr("nope", timeout=10, check=False) == ""  # check=False: the output, no raise
