@@ -161,40 +161,36 @@ class PeerStore:
         """Receive one file of `sender`'s copy of `step`: exactly `length` bytes from `body`,
         hashed with `checksum` (an algorithm name; default this runtime's preferred one)."""
         with self._receiving_from(sender):
-            self._receive_file(sender, step, rel, length, body, checksum)
-
-    def _receive_file(
-        self, sender: int, step: int, rel: str, length: int, body: BinaryIO, checksum: str | None
-    ) -> None:
-        rel = self._clean_rel(rel)
-        algorithm = checksum or preferred_checksum()
-        if algorithm not in CHECKSUM_ALGORITHMS or not checksum_available(algorithm):
-            self._refuse(400, f"checksum {algorithm!r} cannot be computed here")
-        if length < 0:
-            self._refuse(411, "a file needs its length")
-        left = room(self.free_bytes(), self.reserve_bytes())
-        if length > left:
-            self.refused_for_room += 1
-            self._refuse(413, f"{rel}: {length} bytes from node {sender} do not fit ({left} left)")
-        receiving = self._receiving.get(sender)
-        if receiving is None or receiving.step != step:
-            # A newer copy supersedes the one in progress: at most one is received at a time.
-            self._drop_receiving(sender)
-            receiving = self._receiving[sender] = _Receiving(step)
+            rel = self._clean_rel(rel)
+            algorithm = checksum or preferred_checksum()
+            if algorithm not in CHECKSUM_ALGORITHMS or not checksum_available(algorithm):
+                self._refuse(400, f"checksum {algorithm!r} cannot be computed here")
+            if length < 0:
+                self._refuse(411, "a file needs its length")
+            left = room(self.free_bytes(), self.reserve_bytes())
+            if length > left:
+                self.refused_for_room += 1
+                self._refuse(
+                    413, f"{rel}: {length} bytes from node {sender} do not fit ({left} left)"
+                )
+            receiving = self._receiving.get(sender)
             partial = self.partial_dir(sender, step)
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
-        partial = self.partial_dir(sender, step)
-        target = self._inside(partial, rel, create=True)
-        try:
-            size, digest = _receive(target, length, body, algorithm)
-        except Refused as e:
-            self._refuse(e.status, e.reason)
-        except TimeoutError:
-            self._refuse(408, f"{rel}: the body stopped arriving")
-        except OSError as e:
-            self._refuse(507, f"{rel}: cannot store it: {e.strerror}")
-        receiving.files[rel] = (size, algorithm, digest)
+            if receiving is None or receiving.step != step:
+                # A newer copy supersedes the one in progress: at most one is received at a time.
+                self._drop_receiving(sender)
+                receiving = self._receiving[sender] = _Receiving(step)
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir(parents=True)
+            target = self._inside(partial, rel, create=True)
+            try:
+                size, digest = _receive(target, length, body, algorithm)
+            except Refused as e:
+                self._refuse(e.status, e.reason)
+            except TimeoutError:
+                self._refuse(408, f"{rel}: the body stopped arriving")
+            except OSError as e:
+                self._refuse(507, f"{rel}: cannot store it: {e.strerror}")
+            receiving.files[rel] = (size, algorithm, digest)
 
     def commit(self, sender: int, step: int, data: bytes) -> Path:
         """The manifest of `sender`'s copy of `step`, sent last: the copy becomes complete when it
