@@ -22,7 +22,8 @@ Per checkpoint `state` is one of:
 - `invalid`: sentinel gone, but the manifest is unreadable or breaks the contract;
 - `writing`: the sentinel is there and its writer's heartbeat is live: it changed while the
   listing watched it (WATCH_SECONDS, once for all sentinels, only when there is one), the way
-  handover.py tells, so no clock is compared with the storage's;
+  handover.py tells, so no clock is compared with the storage's (a directory tier's sentinel by
+  its mtime; an s3:// one by its body, which each beat re-uploads with a new counter);
 - `incomplete`: anything else (no manifest, or a sentinel nobody touches: a crashed save).
 
 Each checkpoint also says its `generation` (a local copy: the generation its run wrote) and its
@@ -79,6 +80,7 @@ MAX_DIR_ENTRIES: Final = 10_000  # directory entries read in one tier, its gener
 MAX_WALK_FILES: Final = 10_000  # files counted in one checkpoint without a manifest
 MAX_PROBLEMS: Final = 5  # problems reported per checkpoint
 MAX_TEXT: Final = 300  # characters of one problem or error message
+MAX_SENTINEL_BYTES: Final = 4096  # of an s3:// sentinel's body read to tell a live heartbeat
 # How long the listing watches sentinels for a heartbeat (every second, heartbeat.py): a writer
 # whose sentinel changes meanwhile is live.
 WATCH_SECONDS: Final = 2.5
@@ -174,6 +176,16 @@ def _sentinel_token(path: Path) -> int | None:
         os.close(fd)
 
 
+def _s3_sentinel_token(fs: Any, key: str) -> bytes | None:
+    """The sentinel object's body: its writer re-uploads it every HEARTBEAT_SECONDS with a new
+    beat counter (heartbeat.start_upload), so two looks differ while the upload is alive. A GET
+    each time, never a cached listing."""
+    try:
+        return bytes(fs.cat_file(key))[:MAX_SENTINEL_BYTES]
+    except Exception:  # gone (the upload committed) or unreadable: not alive
+        return None
+
+
 def describe_checkpoint(
     path: Path, step: int, tier: str, generation: int = 0, *, content: bool = False
 ) -> dict[str, Any]:
@@ -210,7 +222,7 @@ def describe_checkpoint(
         except OSError:
             pass
     if sentinel is not None:
-        info["_sentinel"] = (path, _sentinel_token(path))
+        info["_sentinel"] = (lambda: _sentinel_token(path), _sentinel_token(path))
     elif not has_manifest:
         problems.append("no manifest: the save did not finish")
     elif manifest is None:
@@ -257,13 +269,15 @@ def watch_sentinels(
     checkpoints: list[dict[str, Any]], seconds: float, sleep: Callable[[float], None]
 ) -> None:
     """Settle the entries that have a sentinel: `writing` when it changed within `seconds` of
-    watching (one wait for them all), `incomplete` with a problem otherwise."""
+    watching (one wait for them all), `incomplete` with a problem otherwise. Each such entry
+    carries `_sentinel`: (a probe giving the sentinel's token, or None when it cannot be read;
+    the token at the first look)."""
     watched = [c for c in checkpoints if "_sentinel" in c]
     if watched and seconds > 0:
         sleep(seconds)
     for c in watched:
-        path, before = c.pop("_sentinel")
-        after = _sentinel_token(path)
+        probe, before = c.pop("_sentinel")
+        after = probe()
         if before is not None and after is not None and after != before:
             c["state"] = "writing"
         else:
@@ -365,13 +379,18 @@ def list_s3_tier(uri: str, tier: str) -> tuple[list[dict[str, Any]], dict]:
                 # retention deleted.
                 continue
             rel = {k[len(prefix) + len(name) + 2 :]: v for k, v in list(objects.items())}
+            if INCOMPLETE_SENTINEL in rel:
+                # Live or left behind: watch_sentinels tells, as for a directory tier.
+                key = f"{prefix}/{name}/{INCOMPLETE_SENTINEL}"
+                token = _s3_sentinel_token(fs, key)
+                info["_sentinel"] = (lambda key=key: _s3_sentinel_token(fs, key), token)
             data = rel.get(MANIFEST_FILE)
             if data is not None and int(data.get("size") or 0) <= MAX_MANIFEST_BYTES:
                 manifest = Manifest.from_json(fs.cat_file(f"{prefix}/{name}/{MANIFEST_FILE}"))
                 info.update(_manifest_info(manifest, tier))
                 missing = [f.path for f in manifest.files if f.path not in rel]
                 if INCOMPLETE_SENTINEL in rel:
-                    info["problems"].append("sentinel present: the upload did not finish")
+                    pass  # being uploaded, or left behind: watch_sentinels says which
                 elif missing:
                     info["state"] = "damaged"
                     info["problems"].append(_text(f"missing file: {missing[0]}"))
@@ -380,7 +399,8 @@ def list_s3_tier(uri: str, tier: str) -> tuple[list[dict[str, Any]], dict]:
             else:
                 others = [v for k, v in rel.items() if k != INCOMPLETE_SENTINEL]
                 info.update(files=len(others), bytes=sum(int(v.get("size") or 0) for v in others))
-                info["problems"].append("no manifest: the upload did not finish")
+                if INCOMPLETE_SENTINEL not in rel:
+                    info["problems"].append("no manifest: the upload did not finish")
         except (OSError, ValueError) as e:
             info["state"] = "invalid"
             info["problems"].append(_text(f"unreadable manifest: {e}"))

@@ -332,8 +332,16 @@ def test_s3_tier(s3_root, tmp_path: Path) -> None:
     assert cs["checkpoint-5"]["state"] == "complete" and cs["checkpoint-5"]["bytes"] == 50
     assert cs["checkpoint-5"]["reason"] == "jit"  # from the manifest, as in a directory tier
     assert cs["checkpoint-5"]["location"] == f"{uri}/checkpoint-5"
-    assert cs["checkpoint-6"]["state"] == "incomplete" and cs["checkpoint-6"]["files"] == 1
+    # Its upload's heartbeat re-uploads the sentinel every second: being written.
+    assert cs["checkpoint-6"]["state"] == "writing" and cs["checkpoint-6"]["files"] == 1
+    assert cs["checkpoint-6"]["problems"] == []
+    # Its writer gone (the heartbeat stopped, the sentinel left): incomplete, and said why.
+    tier._stop_beat(tier._key(6, INCOMPLETE_SENTINEL))
+    cs = by_name(listing.listing(uri, None), "persistent")
+    assert cs["checkpoint-6"]["state"] == "incomplete"
+    assert cs["checkpoint-6"]["problems"][0].startswith("sentinel left behind")
     assert INCOMPLETE_SENTINEL not in json.dumps(cs["checkpoint-6"]["problems"])
+    tier.discard(6)
     missing = listing.listing("s3://listing-test/none", None)
     assert missing["checkpoints"] == [] and missing["tiers"][0]["error"]
 

@@ -19,7 +19,7 @@ from tests.support.cli_objects import tp, training_status
 from tests.support.operator_pods import operator_pod
 from tests.support.s3 import BUCKET
 from trainer_runtime import listing
-from trainer_runtime.contract import build_manifest
+from trainer_runtime.contract import INCOMPLETE_SENTINEL, build_manifest
 from webhook.mutation import mutate
 
 NS = {"metadata": {"name": "team-a", "labels": {"kubeckpt.io/inject": "enabled"}}}
@@ -62,13 +62,22 @@ def test_trainjob_checkpoints_on_s3_listed_with_reasons_and_resume(
     ck.add_reasons(doc, tp("llama", "team-a", kind="TrainJob", status=status))
     rows = ck.checkpoint_rows(doc)
     assert [r[:5] for r in rows] == [
-        ["persistent", "checkpoint-150", "150", "incomplete", "-"],
+        ["persistent", "checkpoint-150", "150", "writing", "-"],
         ["persistent", "checkpoint-137", "137", "complete", "jit,resumed-from"],
         ["persistent", "checkpoint-50", "50", "complete", "periodic"],
     ]
     assert [r[7:] for r in rows[1:]] == [["64 B", "1"], ["64 B", "1"]]
     assert doc["checkpoints"][1]["location"] == f"{uri}/checkpoint-137"
+    # Its sentinel's heartbeat (one PUT a second) is live: being written, nothing to note.
+    assert ck.checkpoint_notes(doc) == []
+    # The writer dies mid-upload: its sentinel stays, no longer re-uploaded.
+    tier._stop_beat(tier._key(150, INCOMPLETE_SENTINEL))
+    doc = json.loads(listing.render(listing.listing(uri, None)))
+    assert ck.checkpoint_rows(doc)[0][:4] == [
+        "persistent", "checkpoint-150", "150", "incomplete"
+    ]  # fmt: skip
     assert ck.checkpoint_notes(doc) == [
-        "checkpoint-150 (persistent): no manifest: the upload did not finish"
+        "checkpoint-150 (persistent): sentinel left behind (no heartbeat in 2.5 s): the save "
+        "did not finish"
     ]
-    tier.discard(150)  # its writer's heartbeat (one PUT a second) stops with it
+    tier.discard(150)
