@@ -19,7 +19,8 @@ from typing import Any, Final
 from urllib.parse import quote
 
 from .. import layout
-from ..contract import MANIFEST_FILE, Manifest, read_manifest
+from ..contract import MANIFEST_FILE, Manifest, checksum_available, read_manifest
+from .hashed_write import BodyEnded, write_hashed
 from .server import CHECKSUM_HEADER, PREFIX
 
 log = logging.getLogger("trainer_runtime.peer_copy")
@@ -147,16 +148,17 @@ def fetch_copy(peer: Peer, token: str, sender: int, step: int, into: Path) -> Pa
                 raise PeerError(f"{f.path}: {response.length} bytes offered, {f.size} listed")
             target = partial / f.path
             target.parent.mkdir(parents=True, exist_ok=True)
-            with open(target, "wb") as out:
-                shutil.copyfileobj(response, out, BLOCK_BYTES)
+            # Hashed as it arrives: the copy is checked without reading it back.
+            algorithm, expected = f.checksum
+            if not checksum_available(algorithm):
+                raise PeerError(f"{f.path}: its checksum ({algorithm}) cannot be computed here")
+            if write_hashed(target, f.size, response, algorithm, BLOCK_BYTES) != expected:
+                raise PeerError(f"the copy of step {step} does not verify: {f.path} ({algorithm})")
         (partial / MANIFEST_FILE).write_bytes(data)
-        _, problems = layout.verify_checkpoint(partial, checksums=True)
-        if problems:
-            raise PeerError(f"the copy of step {step} does not verify: {'; '.join(problems[:5])}")
         shutil.rmtree(into, ignore_errors=True)
         os.rename(partial, into)
         return into
-    except (OSError, ValueError, http.client.HTTPException) as e:  # ValueError: ContractError
+    except (OSError, ValueError, BodyEnded, http.client.HTTPException) as e:  # ContractError too
         raise PeerError(f"step {step} from {peer.host}:{peer.port}: {e}") from e
     finally:
         conn.close()

@@ -34,13 +34,13 @@ from ..contract import (
     checkpoint_dir_name,
     checksum_available,
     hash_file,
-    new_hasher,
     parse_checkpoint_dir_name,
     preferred_checksum,
     read_manifest,
     write_manifest_atomic,
 )
 from ..contract.manifest import CHECKSUM_ALGORITHMS, check_relative_path
+from .hashed_write import BodyEnded, write_hashed
 from .ring import predecessor, room
 
 log = logging.getLogger("trainer_runtime.peer_copy")
@@ -295,29 +295,10 @@ class PeerStore:
 def _receive(target: Path, length: int, body: BinaryIO, algorithm: str) -> tuple[int, str]:
     """Write exactly `length` bytes of `body` to a new `target`, hashing them; a body that ends
     early is refused and leaves no file."""
-    if os.path.lexists(target):
-        os.unlink(target)  # a retry of the same file
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    digest = new_hasher(algorithm)
-    buf = bytearray(CHUNK_BYTES)
-    view = memoryview(buf)
-    left = length
     try:
-        while left:
-            n = body.readinto(view[: min(left, CHUNK_BYTES)])  # type: ignore[attr-defined]
-            if not n:
-                raise Refused(400, f"{target.name}: body ended {left} bytes short")
-            digest.update(view[:n])
-            written = 0
-            while written < n:
-                written += os.write(fd, view[written:n])
-            left -= n
-    except BaseException:
-        os.close(fd)
-        os.unlink(target)
-        raise
-    os.close(fd)
-    return length, digest.hexdigest()
+        return length, write_hashed(target, length, body, algorithm, CHUNK_BYTES)
+    except BodyEnded as e:
+        raise Refused(400, str(e)) from None
 
 
 def _mismatches(
