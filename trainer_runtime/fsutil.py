@@ -138,6 +138,12 @@ def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 # a loop that keeps both cores busy, nice 10 (~10 % of a core) left the save durable after
 # 2.0-3.9 s; nice 5 made it 1.56-1.59 s for the same training time lost (runtime_peers.py).
 WRITER_NICE = 5
+# Peer copies of the ramdisk tier (peer_copy/: the pusher, and the server's threads receiving a
+# peer's copy) are best effort, the persistent tier being the fallback, so they yield more: with
+# a local checkpoint every 5 steps of 50 ms (hack/bench/peer_copy.py, 2 cores, 256 MiB per rank)
+# training lost 2.6-3.1x the local tier's time per checkpoint at nice 0, 1.6-1.8x at 5, 1.4x at
+# 10 and 1.4x at 19 (where more copies were superseded before they were sent).
+PEER_COPY_NICE = 10
 
 
 def lower_thread_priority(nice: int | None = None) -> None:

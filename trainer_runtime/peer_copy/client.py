@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from .. import layout
 from ..contract import MANIFEST_FILE, Manifest, checksum_available, read_manifest
+from ..fsutil import PEER_COPY_NICE, lower_thread_priority
 from .hashed_write import BodyEnded, write_hashed
 from .server import CHECKSUM_HEADER, PREFIX
 
@@ -204,6 +205,7 @@ class Pusher:
             self._cond.notify_all()
 
     def _loop(self) -> None:
+        lower_thread_priority(PEER_COPY_NICE)  # a copy's sending yields the CPU to training
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._offered is not None or self._closed)

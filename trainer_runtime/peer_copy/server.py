@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, BinaryIO, Final
 from urllib.parse import unquote
 
+from ..fsutil import PEER_COPY_NICE, lower_thread_priority
 from .store import PeerStore, Refused
 
 log = logging.getLogger("trainer_runtime.peer_copy")
@@ -191,6 +192,9 @@ class PeerServer(ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # Receiving and hashing a peer's copy yields the CPU to this pod's training, more than
+        # its own writer thread does (fsutil.PEER_COPY_NICE).
+        lower_thread_priority(PEER_COPY_NICE)
         try:
             super().process_request_thread(request, client_address)
         finally:

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from trainer_runtime.contract import (
     read_manifest,
     write_manifest_atomic,
 )
+from trainer_runtime.fsutil import PEER_COPY_NICE
 from trainer_runtime.peer_copy.client import (
     Peer,
     PeerError,
@@ -542,3 +544,30 @@ def test_setup_and_recover_work_over_a_json_agreement(job, tmp_path: Path) -> No
             p.close()
     fetched = tmp_path / "ramdisk-1" / "checkpoint-3"
     assert layout.verify_checkpoint(fetched, checksums=True)[1] == []
+
+
+def test_sending_and_receiving_a_copy_yield_the_cpu_to_training(receiver, tmp_path: Path) -> None:
+    """The pusher's thread and the server's receiving threads run at PEER_COPY_NICE (the
+    training thread keeps its own): a copy is best effort, training is not."""
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    r = receiver()
+    seen: list[int] = []
+    put_file = r.store.put_file
+
+    def recording(*args: Any, **kw: Any) -> None:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        put_file(*args, **kw)
+
+    r.store.put_file = recording  # type: ignore[method-assign]
+    src = tmp_path / "ramdisk-0"
+    _checkpoint(src, 5, {"rank-0.bin": os.urandom(1024)}, sequence=1)
+    pusher = Pusher(r.peer, TOKEN, 0, src)
+    try:
+        pusher.offer(5)
+        assert pusher.wait_idle(30) and pusher.pushed == [5]
+        assert pusher._thread.native_id is not None
+        assert os.getpriority(os.PRIO_PROCESS, pusher._thread.native_id) >= PEER_COPY_NICE
+    finally:
+        pusher.close()
+    assert seen and min(seen) >= PEER_COPY_NICE
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # training's
