@@ -592,6 +592,13 @@ def test_watch_redraws_the_bar_in_a_terminal_and_exits_on_ctrl_c(
         tmux.kill()
 
 
+def _default_sigint() -> None:
+    """In the child before exec: Ctrl-C's default. A suite started in the background by a
+    non-interactive shell (`make test &`) ignores SIGINT, a child inherits that, and this test is
+    of the CLI's own Ctrl-C handling (it hung 15 s so in such a run, then failed)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_watch_into_a_pipe_prints_the_table_at_each_change(
     cluster: LocalCluster, namespace: str
 ) -> None:
@@ -605,6 +612,7 @@ def test_watch_into_a_pipe_prints_the_table_at_each_change(
         text=True,
         env=env,
         cwd=REPO,
+        preexec_fn=_default_sigint,
     )
     try:
         assert proc.stdout is not None
