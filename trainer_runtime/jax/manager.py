@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from ..adapter import AdapterBase
 from ..config import Config
@@ -52,31 +51,42 @@ def _paths(tree: Any) -> tuple[list[str], list[Any]]:
     return [jax.tree_util.keystr(p) for p, _ in flat], [leaf for _, leaf in flat]
 
 
-def _copy(leaf: Any) -> Any:
-    """A copy no later step can change, for orbax (which takes jax.Arrays): a step that donates
-    its inputs reuses their buffers. Only where a tier is written in orbax's format."""
-    if isinstance(leaf, jax.Array):
-        return leaf.copy()
-    if isinstance(leaf, np.ndarray):
-        return leaf.copy()
-    return leaf
-
-
 class _JaxSave:
-    """One staged save: the protocol's `Staged` for JAX."""
+    """One staged save: the protocol's `Staged` for JAX. `leaves`: the host snapshot, for the
+    tiers in kubeckpt's format; `orbax`: orbax's save in flight, for a tier in orbax's."""
 
-    def __init__(self, mgr: CheckpointManager, paths: list[str], leaves: list[Any]) -> None:
+    def __init__(
+        self,
+        mgr: CheckpointManager,
+        paths: list[str],
+        leaves: list[Any],
+        orbax: orbax_format.Pending | None = None,
+    ) -> None:
         self.mgr = mgr
         self.paths = paths
         self.leaves = leaves
+        self.orbax = orbax
 
     def prepare(self) -> None:
         jax.block_until_ready([x for x in self.leaves if isinstance(x, jax.Array)])
 
     def write(self, tier: Tier, directory: Path) -> list[local_format.WrittenFile]:
         if self.mgr._format(tier) == "orbax":
-            return orbax_format.write(directory, self.mgr.rank, self.paths, self.leaves)
+            if self.orbax is None:
+                raise RuntimeError("orbax's save was not started for this tier")
+            return orbax_format.finish(
+                self.orbax, directory, self.mgr.rank, self.paths, self.mgr._io.all_ok
+            )
         return local_format.write_process(directory, self.mgr.rank, self.paths, self.leaves)
+
+    def finished(self) -> None:
+        """orbax's thread never outlives the save (one whose tier was skipped included), so the
+        next save and `close` find it done; its error was reported by `write` where it ran."""
+        if self.orbax is not None:
+            try:
+                self.orbax.wait()
+            except Exception as e:
+                log.warning("kubeckpt: orbax's save of %s failed: %s", self.orbax.path, e)
 
 
 class _JaxLoader:
@@ -211,7 +221,7 @@ class CheckpointManager(AdapterBase):
         its attempt ended). `loss` may be a jax.Array: it is read only on progress writes."""
         return self._step_end(
             step,
-            lambda blocking: self._stage(state),
+            lambda blocking: self._stage(step, state),
             epoch=epoch,
             loss=loss,
             learning_rate=learning_rate,
@@ -222,18 +232,25 @@ class CheckpointManager(AdapterBase):
     def save(self, step: int, state: Any, *, blocking: bool = True) -> SaveResult | None:
         """Save now to the persistent tier (every process must call it at the same step)."""
         self.step = step
-        return self._save(step, lambda: self._stage(state), blocking=blocking)
+        return self._save(step, lambda: self._stage(step, state), blocking=blocking)
 
-    def _stage(self, state: Any) -> _JaxSave:
+    def _stage(self, step: int, state: Any) -> _JaxSave:
+        """On the training thread: a host snapshot for the tiers in kubeckpt's format, orbax's
+        async save started for a tier in orbax's (its blocking part is the host transfers only;
+        no copy on the device either way)."""
         paths, leaves = _paths(state)
-        if any(self._format(t) == "orbax" for t in self._tiers()):
-            return _JaxSave(self, paths, [_copy(x) for x in leaves])
-        save = _JaxSave(self, paths, self._snapshot.take(leaves))
-        self._snapshot.hold(save, save.leaves)
+        tiers = self._ckpt.staging_tiers
+        pending = None
+        orbax_tiers = [t for t in tiers if self._format(t) == "orbax"]
+        if orbax_tiers:
+            staging = orbax_format.staging_dir(orbax_tiers[0].write_dir(step).parent, step)
+            pending = orbax_format.start(staging, leaves)
+        host: list[Any] = []
+        if any(self._format(t) == "local" for t in tiers):
+            host = self._snapshot.take(leaves)
+        save = _JaxSave(self, paths, host, pending)
+        self._snapshot.hold(save, host)
         return save
-
-    def _tiers(self) -> list[Tier]:
-        return [t for t in (self.persistent, self.local) if t is not None]
 
     def _format(self, tier: Tier) -> str:
         """orbax for the persistent tier where several processes write into one shared

@@ -1,5 +1,16 @@
 """The persistent tier's format: one orbax checkpoint (`state/`), written by every process together.
 
+The save is orbax's own async path: `start` on the training thread does orbax's blocking part only
+(every shard's transfer to host memory, after which a step may donate the state's buffers), and
+orbax writes and commits in its own thread into a staging directory beside the checkpoints
+(`<tier>/.kubeckpt-orbax/<step>`), because the commit protocol's `begin` recreates
+`checkpoint-<step>/` after the state is staged. `finish`, on kubeckpt's writer thread, waits for
+orbax, makes every file durable (orbax does not fsync), and once every process agrees moves the
+committed checkpoint into `checkpoint-<step>/state` (process 0; one rename on the same filesystem)
+and describes it for the manifest. A staging directory left by a crash or a save that was never
+committed is removed by a later save's `finish`, or replaced by orbax when the same step is saved
+again.
+
 orbax writes each shard of a global array once (from the process holding its first replica),
 numpy leaves from process 0, and commits on its own terms: a temporary directory renamed into
 place (or `commit_success.txt` where rename is not atomic). Restore checks that marker before
@@ -10,9 +21,14 @@ a flipped byte is found before orbax reads it; process 0 hashes them once orbax 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
 import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +38,28 @@ from ..contract import format_checksum, hash_file, preferred_checksum
 from ..fsutil import fsync_dir, fsync_file
 from .local_format import WrittenFile
 
+log = logging.getLogger("trainer_runtime.jax")
+
 ITEM = "state"
+STAGING = ".kubeckpt-orbax"  # in the tier's generation directory; not a checkpoint name
 INDEX = "jax.json"  # the leaves' paths, to refuse a checkpoint of another structure clearly
 FORMAT = "kubeckpt-jax-orbax/1"
 
 
 @functools.cache
 def _checkpointer() -> Any:
+    """For restores. Built once per process: a new one per call paid orbax's set-up each time."""
     import orbax.checkpoint as ocp
 
-    # Synchronous: it runs on kubeckpt's writer thread, which is what makes the save async.
-    # Built once per process: a new one per save paid orbax's set-up every time.
     return ocp.Checkpointer(ocp.StandardCheckpointHandler())
+
+
+@functools.cache
+def _async_checkpointer() -> Any:
+    """For saves: one per process, so a save waits for the previous one inside orbax too."""
+    import orbax.checkpoint as ocp
+
+    return ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())
 
 
 def _flat(leaves: list[Any]) -> dict[str, Any]:
@@ -44,17 +70,74 @@ def _flat(leaves: list[Any]) -> dict[str, Any]:
     }
 
 
-def write(directory: Path, rank: int, paths: list[str], leaves: list[Any]) -> list[WrittenFile]:
-    """Every process calls it (orbax's save is collective). Process 0 reports orbax's files and
-    the index; the others report none."""
-    _checkpointer().save(directory / ITEM, _flat(leaves))
-    # orbax leaves its own metadata files (_METADATA, _CHECKPOINT_METADATA, array_metadatas/*,
-    # commit_success.txt) and its final rename unsynced (strace, orbax-checkpoint 0.12.8):
-    # every process makes what it sees durable before the manifest can claim it is.
-    _fsync_tree(directory / ITEM)
-    fsync_dir(directory)
+def staging_dir(tier_directory: Path, step: int) -> Path:
+    return tier_directory / STAGING / str(step)
+
+
+@dataclass
+class Pending:
+    """orbax's async save of one step, started on the training thread."""
+
+    path: Path
+    error: str | None = None
+    waited: bool = False
+
+    def wait(self) -> None:
+        """Until orbax has written and committed (every process: orbax's last barrier waits for
+        process 0's commit); orbax's own error, if any, is raised here."""
+        if self.waited:
+            return
+        self.waited = True
+        _async_checkpointer().wait_until_finished()
+
+
+def start(path: Path, leaves: list[Any]) -> Pending:
+    """Every process, on the training thread, at the same step (orbax's save is collective).
+    Returns once every shard is in host memory. A failure is kept for `finish` to report (the
+    training step is never the one to fail)."""
+    import orbax.checkpoint as ocp
+
+    pending = Pending(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # force: a staging directory of the same step left by a crashed run is replaced.
+        _async_checkpointer().save(path, args=ocp.args.StandardSave(_flat(leaves)), force=True)
+    except Exception as e:
+        pending.error = f"orbax: {type(e).__name__}: {e}"
+        pending.waited = True
+    return pending
+
+
+def finish(
+    pending: Pending,
+    directory: Path,
+    rank: int,
+    paths: list[str],
+    all_ok: Callable[[bool], bool],
+) -> list[WrittenFile]:
+    """Every process, on the writer thread (collective: `all_ok` is the save's agreement).
+    Process 0 moves orbax's checkpoint into `directory` and reports its files and the index;
+    the others report none."""
+    error = pending.error
+    if error is None:
+        try:
+            pending.wait()
+            # orbax leaves its own metadata files (_METADATA, _CHECKPOINT_METADATA,
+            # array_metadatas/*, commit_success.txt) and its final rename unsynced (strace,
+            # orbax-checkpoint 0.12.8): every process makes what it wrote durable before the
+            # manifest can claim it is.
+            _fsync_tree(pending.path)
+            fsync_dir(pending.path.parent)
+        except Exception as e:
+            error = f"orbax: {type(e).__name__}: {e}"
+    if not all_ok(error is None):
+        raise RuntimeError(error or "orbax's save failed on another process")
     if rank != 0:
         return []
+    os.replace(pending.path, directory / ITEM)
+    fsync_dir(directory)
+    fsync_dir(pending.path.parent)
+    _remove_stale(pending.path.parent, up_to=int(pending.path.name))
     index = directory / INDEX
     index.write_text(json.dumps({"format": FORMAT, "paths": paths}))
     with open(index, "rb+") as f:
@@ -67,6 +150,18 @@ def write(directory: Path, rank: int, paths: list[str], leaves: list[Any]) -> li
             size, digest = hash_file(path, algorithm)
             out.append(WrittenFile(rel, size, format_checksum(algorithm, digest)))
     return out
+
+
+def _remove_stale(staging: Path, *, up_to: int) -> None:
+    """Staging directories (orbax's temporary ones too) of steps up to `up_to`: left by a crash
+    or by a save that was not committed. Later steps may be a save in flight."""
+    for entry in list(staging.iterdir()):
+        head = entry.name.split(".", 1)[0]
+        if head.isdigit() and int(head) <= up_to:
+            log.info("kubeckpt: removing orbax's leftover staging directory %s", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                entry.unlink()
 
 
 def _fsync_tree(root: Path) -> None:

@@ -114,6 +114,9 @@ class Checkpointer:
 
         self.step = 0
         self.epoch = 0
+        # The tiers of the save being staged, for an adapter whose staging depends on them (JAX
+        # starts orbax's own async save for a tier in orbax's format).
+        self.staging_tiers: list[Tier] = []
         self.closed = False
         self.resumed: Restored | None = None
         self.last_result: SaveResult | None = None
@@ -362,6 +365,7 @@ class Checkpointer:
         if not tiers:
             return None
         started = time.monotonic()
+        self.staging_tiers = tiers
         staged = stage()
         stall = time.monotonic() - started
         if persistent:

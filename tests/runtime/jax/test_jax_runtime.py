@@ -20,6 +20,7 @@ from tests.support.s3 import BUCKET
 from trainer_runtime import layout
 from trainer_runtime.contract import INCOMPLETE_SENTINEL, MANIFEST_FILE, Manifest, read_manifest
 from trainer_runtime.fsutil import remove_tree
+from trainer_runtime.jax import orbax_format
 
 try:
     import orbax.checkpoint  # noqa: F401
@@ -265,6 +266,60 @@ def test_sigkill_during_a_save_is_skipped_at_the_next_start(
     complete = [e.step for e in layout.scan(persistent) if e.complete]
     assert all((persistent / f"checkpoint-{s}" / MANIFEST_FILE).exists() for s in complete)
     assert_same_final(reference[1], tmp_path / "b", 1)
+
+
+def test_two_processes_killed_while_orbax_writes_resume_exactly_and_its_staging_is_cleaned(
+    tmp_path: Path, reference: dict[int, Path]
+) -> None:
+    """orbax's async save writes into a staging directory beside the checkpoints while training
+    goes on. Both processes SIGKILLed there: the next start never sees that step, resumes
+    bitwise, and its next committed save removes the leftover."""
+    persistent = tmp_path / "persistent"
+    staging = persistent / orbax_format.STAGING
+    for attempt in range(3):
+        status = tmp_path / f"a{attempt}"
+        procs = launch(tmp_path, status, 2, sleep=0.05, CHECKPOINT_LOCAL_DIR="")
+        caught = None
+        deadline = time.monotonic() + 120
+        while caught is None and all(p.poll() is None for p in procs):
+            assert time.monotonic() < deadline, "no save seen in 120 s"
+            names = [e.name for e in staging.iterdir()] if staging.is_dir() else []
+            steps = {int(n.split(".", 1)[0]) for n in names if n.split(".", 1)[0].isdigit()}
+            if steps:
+                for p in procs:
+                    kill_session(p)  # SIGKILL, while orbax writes outside checkpoint-<step>/
+                caught = max(steps)
+            time.sleep(0.001)
+        for p in procs:
+            finish(p, timeout=30)
+        if (
+            caught is not None
+            and not (persistent / f"checkpoint-{caught}" / MANIFEST_FILE).exists()
+        ):
+            break
+    else:
+        pytest.fail("never caught orbax's save in flight in 3 runs")
+    assert caught not in [e.step for e in layout.scan(persistent) if e.complete]
+    infos = run(tmp_path, tmp_path / "b", 2, CHECKPOINT_LOCAL_DIR="")
+    assert {i["resumed_from"] for i in infos} != {f"checkpoint-{caught}"}
+    assert_same_final(reference[2], tmp_path / "b", 2)
+    newest = max(e.step for e in layout.scan(persistent) if e.complete)
+    assert newest >= caught
+    left = [e.name for e in staging.iterdir()]
+    assert left == [], f"staging leftovers after a commit at {newest}: {left}"
+    manifest = read_manifest(persistent / f"checkpoint-{newest}")
+    assert manifest.extra["kubeckpt"]["format"] == "orbax"
+    assert any(f.path.startswith("state/") for f in manifest.files)
+
+
+def test_orbax_leftovers_up_to_a_committed_step_are_removed_and_later_ones_kept(
+    tmp_path: Path,
+) -> None:
+    for name in ("3", "3.orbax-checkpoint-tmp-1764201", "7", "12.orbax-checkpoint-tmp-9", "x"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f").write_bytes(b"0")
+    orbax_format._remove_stale(tmp_path, up_to=7)
+    assert sorted(e.name for e in tmp_path.iterdir()) == ["12.orbax-checkpoint-tmp-9", "x"]
 
 
 @pytest.mark.parametrize("n", [1, 2])
