@@ -19,6 +19,11 @@ an order rotated from round to round. The jitted train step donates the state's 
                   the writer thread persists while training steps on                  (async)
   kubeckpt.copy   the same with snapshot="copy": the arrays copied into host buffers
                   reused from save to save                                             (async)
+  kubeckpt.orbax  the same with persistent_format="orbax" (the format kept where several
+                  processes write one shared directory): orbax's own async save into a
+                  staging directory, then on the writer thread kubeckpt's fsync of
+                  orbax's files, the rename into checkpoint-<step>/, XXH3 of every file
+                  read back, and the manifest                                         (async)
   kubeckpt.local  step_end() at a multiple of CHECKPOINT_LOCAL_PERIOD: the local tier
                   alone (kubeckpt's raw per-process format) in CHECKPOINT_LOCAL_DIR,
                   by default a directory on /dev/shm, the ramdisk the tier is meant for (async)
@@ -226,11 +231,15 @@ class Kubeckpt(Peer):
     fsync = "its data file once at its end, its index, the manifest and their directory"
 
     snapshot = "auto"
+    persistent_format = "auto"
 
     def __init__(self, loop: Loop, root: Path) -> None:
         super().__init__(loop, root)
         self.mgr = CheckpointManager.from_env(
-            environ=self.env(), async_save=not self.sync, snapshot=self.snapshot
+            environ=self.env(),
+            async_save=not self.sync,
+            snapshot=self.snapshot,
+            persistent_format=self.persistent_format,
         )
         self.result: Any = None
         self.t_save = 0.0
@@ -258,7 +267,9 @@ class Kubeckpt(Peer):
         return self.durable_at
 
     def restore(self, verify: str, tier: str = "persistent") -> tuple[float, Any]:
-        mgr = CheckpointManager.from_env(environ=self.env(), verify_checksums=verify)
+        mgr = CheckpointManager.from_env(
+            environ=self.env(), verify_checksums=verify, persistent_format=self.persistent_format
+        )
         target = self.loop.abstract()
         t0 = time.monotonic()
         state, step = mgr.restore(target)
@@ -290,6 +301,14 @@ class KubeckptAsync(Kubeckpt):
 
 class KubeckptCopy(Kubeckpt):
     name, sync, snapshot = "kubeckpt.copy", False, "copy"
+
+
+class KubeckptOrbax(Kubeckpt):
+    name, sync, persistent_format = "kubeckpt.orbax", False, "orbax"
+    fsync = (
+        "every file orbax wrote and every directory, after orbax (which leaves most unsynced), "
+        "then the directory after the rename; the index and the manifest"
+    )
 
 
 class KubeckptLocal(Kubeckpt):
@@ -392,7 +411,15 @@ class OrbaxAsync(Orbax):
     name, sync = "orbax.async", False
 
 
-PEERS: list[type[Peer]] = [Kubeckpt, KubeckptAsync, KubeckptCopy, KubeckptLocal, Orbax, OrbaxAsync]
+PEERS: list[type[Peer]] = [
+    Kubeckpt,
+    KubeckptAsync,
+    KubeckptCopy,
+    KubeckptOrbax,
+    KubeckptLocal,
+    Orbax,
+    OrbaxAsync,
+]
 GPU_PEERS = "kubeckpt.async,kubeckpt.local,orbax.async"
 
 
@@ -586,8 +613,9 @@ def run(args: argparse.Namespace, base: Path, local_root: Path) -> None:
         "restore: into the live sharding from an abstract state, on a fresh manager; kubeckpt's "
         "'restore' verifies the XXH3 checksum of every file (the default), 'sizes only' is "
         "KUBECKPT_VERIFY_CHECKSUMS=never; kubeckpt.sync, .async and .copy restore from the "
-        "persistent tier, kubeckpt.local from the local tier (both kubeckpt's per-process "
-        "format, one process); every restore equal bitwise to the state saved"
+        "persistent tier in kubeckpt's per-process format, kubeckpt.orbax from it in orbax's, "
+        "kubeckpt.local from the local tier; one process; every restore equal bitwise to the "
+        "state saved"
     )
     if "device +MiB" in keys:
         print(
@@ -615,6 +643,7 @@ def run(args: argparse.Namespace, base: Path, local_root: Path) -> None:
         compare(key, "kubeckpt.sync", "orbax.sync")
         compare(key, "kubeckpt.async", "orbax.async")
         compare(key, "kubeckpt.copy", "orbax.async")
+        compare(key, "kubeckpt.orbax", "orbax.async")
         compare(key, "kubeckpt.copy", "kubeckpt.async")
         compare(key, "kubeckpt.local", "orbax.async")
         compare(key, "kubeckpt.local", "kubeckpt.async")
@@ -622,6 +651,7 @@ def run(args: argparse.Namespace, base: Path, local_root: Path) -> None:
         compare("stall", f"{name}.async", f"{name}.sync")
         compare("lost", f"{name}.async", f"{name}.sync")
     compare("restore", "kubeckpt.async", "orbax.async")
+    compare("restore", "kubeckpt.orbax", "orbax.async")
     compare("restore (sizes only)", "kubeckpt.async", "orbax.async")
     compare("restore", "kubeckpt.local", "kubeckpt.async")
     compare("restore", "kubeckpt.local", "orbax.async")
