@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import copy
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "hack")]
+
+from bench import progress_bench as pb  # noqa: E402
 
 from kubeckpt_api.groupversion import TRAINING_PROGRESS  # noqa: E402
 from localcluster import LocalCluster  # noqa: E402
@@ -103,11 +104,6 @@ def next_status(prev: dict[str, Any], step: int) -> dict[str, Any]:
     return decide(prev, obs, now).status
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def take_profile(cluster: LocalCluster, out: Path, seconds: float) -> None:
     """A CPU profile of the kube-apiserver over `seconds`, through its /debug/pprof."""
     raw = f"/debug/pprof/profile?seconds={max(1, int(seconds))}"
@@ -165,7 +161,7 @@ async def run_round(
     latencies: list[float] = []
     cursor = [0]
     deadline = time.monotonic() + seconds
-    cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+    cpu0 = {k: pb.proc_stats(p)[0] for k, p in pids.items()}
 
     async def worker() -> None:
         while time.monotonic() < deadline:
@@ -196,7 +192,7 @@ async def run_round(
     t0 = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(workers)))
     wall = time.monotonic() - t0
-    cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
+    cpu = {k: pb.proc_stats(p)[0] - cpu0[k] for k, p in pids.items()}
     latencies.sort()
     n = len(latencies)
     return {

@@ -47,7 +47,6 @@ log = logging.getLogger("trainer_runtime.peer_copy")
 
 PEERS_DIR: Final = "peers"
 PARTIAL_PREFIX: Final = ".partial-"
-CHUNK_BYTES: Final = 1024 * 1024
 
 
 class Refused(Exception):
@@ -296,7 +295,7 @@ def _receive(target: Path, length: int, body: BinaryIO, algorithm: str) -> tuple
     """Write exactly `length` bytes of `body` to a new `target`, hashing them; a body that ends
     early is refused and leaves no file."""
     try:
-        return length, write_hashed(target, length, body, algorithm, CHUNK_BYTES)
+        return length, write_hashed(target, length, body, algorithm)
     except BodyEnded as e:
         raise Refused(400, str(e)) from None
 
