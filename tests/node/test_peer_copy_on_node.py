@@ -20,7 +20,7 @@ from localcluster import LocalCluster, wait_for
 from localcluster import addon as kubeckpt_addon
 from localcluster.node import RealNode
 from localcluster.pods import running, wait_pod
-from tests.support.node_pods import load_demo
+from tests.support.node_pods import job_succeeded, load_demo, progress_record
 
 JOB = "peer-copy"
 REFERENCE = "peer-copy-reference"  # the same job, uninterrupted: its final parameters to match
@@ -49,14 +49,6 @@ def _complete_steps(cluster: LocalCluster, ns: str, pod: str, directory: str) ->
     """The steps of the complete checkpoints (a manifest) directly in `directory` of `pod`."""
     out = _sh(cluster, ns, pod, f"ls -d {directory}/checkpoint-*/manifest.json 2>/dev/null")
     return {int(line.split("/checkpoint-")[1].split("/")[0]) for line in out.split()}
-
-
-def _record(cluster: LocalCluster, ns: str, pod: str) -> dict:
-    out = _sh(cluster, ns, pod, "cat /var/run/kubeckpt/progress.json")
-    try:
-        return json.loads(out)
-    except ValueError:
-        return {}
 
 
 def _uid(cluster: LocalCluster, ns: str, pod: str) -> str:
@@ -158,7 +150,7 @@ def test_a_worker_lost_without_notice_resumes_from_its_copy_in_the_masters_ramdi
     wait_pod(cluster, ns, worker, running, "running", timeout=180)
 
     def resumed() -> dict | None:
-        rec = _record(cluster, ns, master)
+        rec = progress_record(cluster, ns, master)
         return rec if rec.get("resumedFrom") else None
 
     try:
@@ -176,14 +168,9 @@ def test_a_worker_lost_without_notice_resumes_from_its_copy_in_the_masters_ramdi
     step = int(rec["resumedFrom"].split("-")[1])
     assert step >= at_kill, (step, at_kill)  # no older than what both ramdisks held then
 
-    def succeeded(name: str) -> bool:
-        out = cluster.kubectl("get", "pytorchjob", name, "-n", ns, "-o", "json", check=False)
-        conds = (json.loads(out.stdout or "{}").get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Succeeded" and c["status"] == "True" for c in conds)
-
     digests = {}
     for name in (JOB, REFERENCE):
-        wait_for(lambda n=name: succeeded(n), f"{name} to succeed", timeout=300)
+        wait_for(lambda n=name: job_succeeded(cluster, ns, n), f"{name} to succeed", timeout=300)
         out = cluster.kubectl("logs", f"{name}-master-0", "-n", ns, "-c", "pytorch").stdout
         assert f"finished at step {STEPS}" in out, out[-2000:]
         digests[name] = re.findall(r"final parameters sha256 (\w+)", out)

@@ -27,9 +27,11 @@ from localcluster.seaweedfs import SeaweedFS
 from tests.support.cli_objects import run_cli
 from tests.support.node_pods import (
     RUNTIME_IMAGE,
+    job_succeeded,
     lister_pods,
     load_demo,
     only_the_real_node_schedulable,
+    progress_record,
 )
 from trainer_runtime.contract import INCOMPLETE_SENTINEL, MANIFEST_FILE
 
@@ -75,25 +77,6 @@ def _bucket(server: SeaweedFS, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def _logs(cluster: LocalCluster, ns: str, pod: str) -> str:
     return cluster.kubectl("logs", pod, "-n", ns, "-c", "pytorch", check=False).stdout
-
-
-def _progress(cluster: LocalCluster, ns: str, pod: str) -> dict:
-    out = cluster.kubectl(
-        "exec", pod, "-n", ns, "-c", "pytorch", "--",
-        "cat", "/var/run/kubeckpt/progress.json", check=False,
-    ).stdout  # fmt: skip
-    try:
-        return json.loads(out)
-    except ValueError:
-        return {}
-
-
-def _succeeded(cluster: LocalCluster, ns: str, job: str) -> bool:
-    p = cluster.kubectl("get", "pytorchjob", job, "-n", ns, "-o", "json", check=False)
-    if p.returncode != 0:
-        return False
-    conds = (json.loads(p.stdout).get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Succeeded" and c["status"] == "True" for c in conds)
 
 
 def _bucket_reasons(fs: Any, job_root: str) -> dict[str, str]:
@@ -175,13 +158,13 @@ def test_pytorchjob_on_s3_drained_and_resumed_exactly(
     try:
         wait_for(periodic_in_bucket, "a periodic checkpoint in the bucket", timeout=240)
         wait_for(
-            lambda: (_progress(cluster, ns, PODS[0]).get("step") or 0) >= STEPS // 2,
+            lambda: (progress_record(cluster, ns, PODS[0]).get("step") or 0) >= STEPS // 2,
             f"step {STEPS // 2}",
             timeout=240,
         )
     except TimeoutError as e:
         raise AssertionError(f"{e}\n{_logs(cluster, ns, PODS[0])[-4000:]}") from e
-    before = int(_progress(cluster, ns, PODS[0]).get("step") or 0)
+    before = int(progress_record(cluster, ns, PODS[0]).get("step") or 0)
     cluster.kubectl(
         "drain", real_node.name, "--pod-selector", f"training.kubeflow.org/job-name={JOB}",
         "--delete-emptydir-data", "--ignore-daemonsets", "--timeout=300s", timeout=320,
@@ -219,7 +202,7 @@ def test_pytorchjob_on_s3_drained_and_resumed_exactly(
     assert manifest["step"] == saved and manifest["tier"] == "persistent", manifest
 
     for name in (JOB, REFERENCE):
-        wait_for(lambda n=name: _succeeded(cluster, ns, n), f"{name} to succeed", timeout=300)
+        wait_for(lambda n=name: job_succeeded(cluster, ns, n), f"{name} to succeed", timeout=300)
     for p in PODS:
         assert f"finished at step {STEPS}" in _logs(cluster, ns, p), _logs(cluster, ns, p)[-3000:]
     digest, reference = _final_digest(cluster, ns, JOB), _final_digest(cluster, ns, REFERENCE)

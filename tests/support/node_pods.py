@@ -29,6 +29,27 @@ def load_demo() -> ModuleType:
     return module
 
 
+def progress_record(cluster: LocalCluster, ns: str, pod: str) -> dict[str, Any]:
+    """The progress file of `pod`'s training container, or {} while it is missing or unreadable."""
+    out = cluster.kubectl(
+        "exec", pod, "-n", ns, "-c", "pytorch", "--",
+        "cat", "/var/run/kubeckpt/progress.json", check=False,
+    ).stdout  # fmt: skip
+    try:
+        return json.loads(out)
+    except ValueError:
+        return {}
+
+
+def job_succeeded(cluster: LocalCluster, ns: str, job: str) -> bool:
+    """The PyTorchJob's Succeeded condition is True."""
+    p = cluster.kubectl("get", "pytorchjob", job, "-n", ns, "-o", "json", check=False)
+    if p.returncode != 0:
+        return False
+    conds = (json.loads(p.stdout).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Succeeded" and c["status"] == "True" for c in conds)
+
+
 def pod(name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
     for c in containers:
         c.setdefault("imagePullPolicy", "Never")
