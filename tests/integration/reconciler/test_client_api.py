@@ -169,6 +169,14 @@ async def test_paginated_list_restarts_when_its_continue_token_expires(
     cluster: LocalCluster, client: Client, namespace: str
 ) -> None:
     cms = client.api(CONFIGMAPS)
+    # The controller-manager publishes kube-root-ca.crt into a new namespace on its own time
+    # (under load, after this test had listed): wait for it, so the list has 8 objects.
+    for _ in range(300):
+        try:
+            await cms.get("kube-root-ca.crt", namespace)
+            break
+        except NotFound:
+            await asyncio.sleep(0.2)
     for i in range(6):
         await cms.create(cm(f"p{i}", namespace))
 
