@@ -154,7 +154,7 @@ def test_a_worker_lost_without_notice_resumes_from_its_copy_in_the_masters_ramdi
         return rec if rec.get("resumedFrom") else None
 
     try:
-        # Long: twice in 27 runs the job had not resumed after 240 s (not yet diagnosed; a
+        # Long: twice in 43 runs the job had not resumed after 240 s (not yet diagnosed; a
         # kubelet restart back-off between the two pods' restarts is one candidate).
         rec = wait_for(resumed, "the job to resume", timeout=480)
     except TimeoutError as e:
