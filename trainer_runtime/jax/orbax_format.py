@@ -36,6 +36,7 @@ import numpy as np
 
 from ..contract import format_checksum, hash_file, preferred_checksum
 from ..fsutil import fsync_dir, fsync_file
+from ..protocol.agreement import timeout_seconds
 from .local_format import WrittenFile
 
 log = logging.getLogger("trainer_runtime.jax")
@@ -56,10 +57,13 @@ def _checkpointer() -> Any:
 
 @functools.cache
 def _async_checkpointer() -> Any:
-    """For saves: one per process, so a save waits for the previous one inside orbax too."""
+    """For saves: one per process, so a save waits for the previous one inside orbax too. Its
+    barriers wait for a silent process as long as our own collectives do (orbax's default is 20
+    minutes): a save that failed on one process fails on the others at the same time."""
     import orbax.checkpoint as ocp
 
-    return ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler())
+    timeout = max(1, int(timeout_seconds()))
+    return ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler(), timeout_secs=timeout)
 
 
 def _flat(leaves: list[Any]) -> dict[str, Any]:

@@ -31,6 +31,9 @@ def main() -> int:
     ap.add_argument("--process-id", type=int, default=0)
     ap.add_argument("--num-processes", type=int, default=1)
     ap.add_argument("--coordinator", default="")
+    ap.add_argument(
+        "--orbax-fails-at", type=int, default=0, help="this process's N-th orbax save raises"
+    )
     args = ap.parse_args()
     if args.num_processes > 1:
         jax.distributed.initialize(
@@ -92,6 +95,8 @@ def main() -> int:
             jax.make_array_from_process_local_data(per_process, y[rows]),
         )
 
+    if args.orbax_fails_at:
+        _fail_orbax_save(args.orbax_fails_at)
     mgr = CheckpointManager.from_env(total_steps=args.steps)
     state, step = mgr.restore(state)
     resumed = (mgr.resumed_from, mgr.resumed_tier)
@@ -124,6 +129,23 @@ def main() -> int:
     if args.num_processes > 1:
         jax.distributed.shutdown()
     return mgr.exit_code
+
+
+def _fail_orbax_save(n: int) -> None:
+    """The n-th orbax save of this process fails in its blocking part, after orbax's start
+    barrier (as a host transfer failing on one process would): the others are then in orbax's
+    own barriers, waiting for this one."""
+    from orbax.checkpoint import StandardCheckpointHandler
+
+    original = StandardCheckpointHandler.async_save
+    calls = itertools.count(1)
+
+    def async_save(self, *a, **kw):
+        if next(calls) == n:
+            raise OSError("injected: this process's orbax save failed")
+        return original(self, *a, **kw)
+
+    StandardCheckpointHandler.async_save = async_save
 
 
 if __name__ == "__main__":

@@ -58,7 +58,16 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def launch(root: Path, status: Path, n: int, *, steps: int = STEPS, sleep: float = 0.0, **env):
+def launch(
+    root: Path,
+    status: Path,
+    n: int,
+    *,
+    steps: int = STEPS,
+    sleep: float = 0.0,
+    args: dict[int, list[str]] | None = None,
+    **env,
+):
     coordinator = f"127.0.0.1:{_port()}"
     procs = []
     for k in range(n):
@@ -71,6 +80,7 @@ def launch(root: Path, status: Path, n: int, *, steps: int = STEPS, sleep: float
             f"--process-id={k}",
             f"--num-processes={n}",
             f"--coordinator={coordinator}",
+            *(args or {}).get(k, []),
         ]
         log = root / f"{status.name}-{k}.log"
         procs.append(start(argv, _env(root, k, **env), log))
@@ -340,3 +350,31 @@ def test_s3_through_the_core_storage(tmp_path: Path, s3, reference: dict[int, Pa
         ("checkpoint-14", "persistent")
     }
     assert_same_final(reference[n], tmp_path / "b", n)
+
+
+def test_an_orbax_save_failing_on_one_process_fails_that_save_only(
+    tmp_path: Path, reference: dict[int, Path]
+) -> None:
+    """Process 1's orbax save of step 7 fails after orbax's start barrier: process 0's orbax
+    thread waits in orbax's own barrier for it. That wait ends at KUBECKPT_AGREEMENT_TIMEOUT (as
+    every other collective's), not at orbax's default of 20 minutes; both processes count the
+    failed save, keep training, and the later saves are complete."""
+    status = tmp_path / "status"
+    exits = run(
+        tmp_path,
+        status,
+        2,
+        args={1: ["--orbax-fails-at=1"]},
+        KUBECKPT_AGREEMENT_TIMEOUT="10",
+    )
+    assert [e["failed_saves"] for e in exits] == [1, 1], exits
+    assert all(e["step"] == STEPS for e in exits), exits
+    persistent = tmp_path / "persistent"
+    assert [(e.step, e.complete) for e in layout.scan(persistent)] == [
+        (14, True),
+        (21, True),
+        (28, True),
+    ]
+    manifest = read_manifest(layout.checkpoint_path(persistent, 28))
+    assert manifest.extra["kubeckpt"]["format"] == "orbax"
+    assert_same_final(reference[2], status, 2)
