@@ -63,17 +63,8 @@ def _diagnose(cluster: LocalCluster, ns: str, pods: tuple[str, ...]) -> str:
         out.append(f"--- {pod}: processes")
         out.append(_sh(cluster, ns, pod, "ps -eo pid,stat,etime,args 2>/dev/null || ls /proc"))
         for previous in ("--previous", ""):
-            logs = cluster.kubectl(
-                "logs",
-                pod,
-                "-n",
-                ns,
-                "-c",
-                "pytorch",
-                "--tail=30",
-                previous or "--tail=30",
-                check=False,
-            )
+            args = ("logs", pod, "-n", ns, "-c", "pytorch", "--tail=30")
+            logs = cluster.kubectl(*args, *((previous,) if previous else ()), check=False)
             out.append(f"--- {pod} logs {previous}\n{logs.stdout}{logs.stderr}")
     return "\n".join(out)
 
