@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, Self
@@ -24,6 +25,7 @@ from .contract import ProgressRecord
 from .progress_writer import ProgressWriter
 from .protocol import Agreement, Checkpointer, Loader, Member, Report, Restored
 from .protocol.resume import same_world_size
+from .protocol.resume_outcome import ResumeRefused
 from .protocol.session import SaveResult, SaveSession, Staged
 from .stop import JitStop, StopOwner
 from .storage import LocalTier, Tier
@@ -105,7 +107,14 @@ class AdapterBase:
         """The newest complete checkpoint every rank can load; a local copy counts where this
         rank's own file `needs` is in it."""
         own = same_world_size(self._ckpt.me, needs=needs)
-        restored = self._ckpt.restore(loader, local_usable=own)
+        try:
+            restored = self._ckpt.restore(loader, local_usable=own)
+        except ResumeRefused:
+            # Every rank refuses alike: end the stop watcher (every rank's, at the same round) and
+            # the groups before the process exits, or it can abort at exit (SIGABRT, 134: see
+            # torch/agreement.py's Collectives.destroy) instead of exiting with the refusal's code.
+            self._close(together=True)
+            raise
         if restored is not None:
             self._stop.at_boundary(restored.step)
             self.step = restored.step
@@ -209,7 +218,13 @@ class AdapterBase:
 
     def close(self) -> None:
         """Wait for the save in flight, write the final progress record and the termination
-        message, and remove hooks and signal handlers (JitStop.close). Idempotent."""
+        message, remove hooks and signal handlers (JitStop.close), and end the agreement groups
+        with the other ranks. Idempotent. Called while an exception propagates (`with` or
+        `finally` on a rank that failed alone), the groups are left as they are: ending them
+        waits for every rank, and the others may still be training."""
+        self._close(together=sys.exc_info()[0] is None)
+
+    def _close(self, *, together: bool) -> None:
         if self._closed:
             return
         self._closed = True
@@ -219,6 +234,12 @@ class AdapterBase:
         finally:
             for hook in self._hooks:
                 hook.remove()
+            watcher = self._stop.watcher
+            if together:
+                self._end_groups(watcher is None or not watcher.is_alive())
+
+    def _end_groups(self, watcher_ended: bool) -> None:
+        """The framework's agreement groups, once closed (torch destroys its gloo groups)."""
 
     def _final_record(self) -> ProgressRecord | None:
         if not self.progress.enabled:

@@ -38,6 +38,7 @@ RNG = random.Random(20240515)  # fixed: each scenario still stops at a different
 def _exits(status: Path) -> list[dict]:
     exits = [read_json(status / f"exit-{r}.json") for r in range(2)]
     assert all(exits), f"a rank did not exit cleanly: {exits}"
+    assert all(e["groups_left_by_close"] == 0 for e in exits), exits
     return exits  # type: ignore[return-value]
 
 

@@ -55,6 +55,13 @@ def evaluate(model: nn.Module, x: torch.Tensor, seconds: float) -> None:
     module.train()
 
 
+def _process_groups() -> int:
+    """How many process groups torch holds (its registry: no public count exists)."""
+    if not dist.is_initialized():
+        return 0
+    return len(dist.distributed_c10d._world.pg_map)
+
+
 def train(
     *,
     steps: int,
@@ -69,6 +76,7 @@ def train(
     eval_seconds: float = 0.0,
     warmup_seconds: float = 0.0,
     workers: int = 0,
+    crash_at: int = 0,
 ) -> dict:
     """One run: resume if there is a checkpoint, train to `steps` or until told to stop."""
     status_dir.mkdir(parents=True, exist_ok=True)
@@ -109,6 +117,7 @@ def train(
     scaler = torch.amp.GradScaler("cpu")
     torch.manual_seed(100 + rank)  # per-rank dropout streams, as in real data-parallel jobs
 
+    groups_before = _process_groups()
     mgr = CheckpointManager.from_env(
         model,
         optimizer,
@@ -126,31 +135,37 @@ def train(
     epoch = sampler.epoch
     stopped = False
     loss_fn = nn.CrossEntropyLoss()
-    while step < steps and not stopped:
-        sampler.set_epoch(epoch)
-        for xb, yb in loader:
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            step += 1
-            if sleep:
-                time.sleep(sleep)
-            if mgr.step_end(step, epoch=epoch, loss=loss.detach()):
-                stopped = True
-                break
-            write_json(status_dir / f"status-{rank}.json", {"pid": os.getpid(), "step": step})
-            if step == eval_at:
-                write_json(status_dir / f"eval-{rank}.json", {"pid": os.getpid(), "step": step})
-                evaluate(model, x, eval_seconds)
-            if step >= steps:
-                break
-        else:
-            epoch += 1
-    mgr.close()
+    # `with`: a rank that raises leaves at once; the others are stopped by torchrun.
+    with mgr:
+        while step < steps and not stopped:
+            sampler.set_epoch(epoch)
+            for xb, yb in loader:
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model(xb), yb)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                step += 1
+                if sleep:
+                    time.sleep(sleep)
+                if step == crash_at and rank == 1:
+                    raise RuntimeError(f"injected: rank 1 fails at step {step}")
+                if mgr.step_end(step, epoch=epoch, loss=loss.detach()):
+                    stopped = True
+                    break
+                write_json(status_dir / f"status-{rank}.json", {"pid": os.getpid(), "step": step})
+                if step == eval_at:
+                    write_json(status_dir / f"eval-{rank}.json", {"pid": os.getpid(), "step": step})
+                    evaluate(model, x, eval_seconds)
+                if step >= steps:
+                    break
+            else:
+                epoch += 1
     info = {
+        # close destroys the manager's own groups (their gloo threads would otherwise outlive it
+        # into interpreter exit, where they can abort the process)
+        "groups_left_by_close": _process_groups() - groups_before,
         "step": step,
         "stopped": stopped,
         "resumed_from": mgr.resumed_from,
@@ -193,6 +208,7 @@ def main() -> int:
     parser.add_argument("--eval-seconds", type=float, default=0.0)
     parser.add_argument("--warmup-seconds", type=float, default=0.0)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument("--crash-at", type=int, default=0, help="rank 1 raises after this step")
     args = parser.parse_args()
     torch.set_num_threads(1)
     train(
@@ -205,6 +221,7 @@ def main() -> int:
         eval_seconds=args.eval_seconds,
         warmup_seconds=args.warmup_seconds,
         workers=args.workers,
+        crash_at=args.crash_at,
     )
     if dist.is_initialized():
         dist.barrier()  # no rank tears its group down under another's last collective

@@ -441,15 +441,11 @@ class KubeckptCallback(TrainerCallback):
             self._warn_returning(state.global_step)
 
     def _close_groups(self, watcher_ended: bool = True) -> None:
-        for comm in (self.comm, self.io, self.ctl):
-            if comm is None or not comm.distributed:
-                continue
-            if comm is self.ctl and not watcher_ended:
-                continue  # a watcher still in a collective there (a rank gone): leave it
-            try:
-                comm.destroy()
-            except Exception as e:  # tear-down must not fail a finished run
-                log.warning("kubeckpt: cannot destroy the agreement group: %s", e)
+        from ..torch.agreement import destroy_groups
+
+        # A watcher still in a collective on its group (a rank gone): leave that one.
+        ctl = self.ctl if watcher_ended else None
+        destroy_groups((self.comm, self.io, ctl))
         self.comm = self.io = self.ctl = None
 
     def _release_fetched(self) -> None:

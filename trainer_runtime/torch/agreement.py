@@ -10,9 +10,10 @@ the kubelet's SIGKILL.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -20,6 +21,8 @@ import torch.distributed as dist
 
 from ..protocol.agreement import Agreement, AgreementError, Pending, timeout_seconds
 from ..protocol.commit import Member
+
+log = logging.getLogger("trainer_runtime.torch")
 
 
 def _timeout() -> datetime.timedelta:
@@ -110,9 +113,12 @@ class Collectives(Agreement):
         return box[0]
 
     def destroy(self) -> None:
-        """Destroy the group once every rank is done with it. Left to interpreter exit, a rank
-        whose peer has already exited can abort there (SIGABRT), failing a job that trained and
-        saved correctly."""
+        """Destroy the group once every rank is done with it (the barrier). Left to interpreter
+        exit, the process can abort there (SIGABRT, exit 134), failing a job that trained and
+        saved correctly: when gloo's worker thread drops its reference to the last collective's
+        tensor it takes the GIL, and a thread that takes the GIL while the interpreter finalizes
+        is ended inside that C++ destructor (std::terminate). Destroying the group joins its
+        worker threads first; a rank whose peer has already exited fails the barrier instead."""
         if self.group is None:
             return
         try:
@@ -121,6 +127,18 @@ class Collectives(Agreement):
         finally:
             self.group = None
             self.world_size = 1
+
+
+def destroy_groups(comms: Iterable[Collectives | None]) -> None:
+    """Destroy the adapter's groups at its close (`Collectives.destroy`); a failure is logged,
+    never raised: tear-down must not fail a finished run."""
+    for comm in comms:
+        if comm is None or not comm.distributed:
+            continue
+        try:
+            comm.destroy()
+        except Exception as e:
+            log.warning("kubeckpt: cannot destroy the agreement group: %s", e)
 
 
 def member() -> Member:

@@ -48,7 +48,7 @@ from ..staging_budget import staging_budget
 from ..storage import Tier
 from . import dcp as dcp_format
 from . import plain, reshard, workers
-from .agreement import groups, member
+from .agreement import destroy_groups, groups, member
 from .staging import Chunked, Staged, Stager
 from .state import (
     apply_rng,
@@ -187,6 +187,10 @@ class CheckpointManager(AdapterBase):
             )
         self._warmed = False
         self._stop.start_watcher(self._ctl, lambda step: self._stage(step, blocking=True))
+
+    def _end_groups(self, watcher_ended: bool) -> None:
+        # A watcher still in a collective on its group (a rank gone): leave that one.
+        destroy_groups((self._comm, self._io, self._ctl if watcher_ended else None))
 
     @classmethod
     def from_env(
