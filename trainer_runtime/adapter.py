@@ -234,9 +234,8 @@ class AdapterBase:
         finally:
             for hook in self._hooks:
                 hook.remove()
-            watcher = self._stop.watcher
             if together:
-                self._end_groups(watcher is None or not watcher.is_alive())
+                self._end_groups(self._stop.watcher_ended)
 
     def _end_groups(self, watcher_ended: bool) -> None:
         """The framework's agreement groups, once closed (torch destroys its gloo groups)."""

@@ -79,6 +79,7 @@ from ..staging_budget import staging_budget
 from ..stop import JitStop, StopOwner, exit_code
 from ..stop.process_end import end_process
 from ..storage import LocalTier, Tier, persistent_tier
+from ..torch.agreement import destroy_groups, groups, member
 from ..torch.dcp import hash_files
 from .kubeflow import guard_kubeflow_callbacks
 from .world_size import check_resume
@@ -108,8 +109,6 @@ def resume_checkpoint(root: str | os.PathLike[str], config: Config | None = None
     checkpoints exist but none verifies, ResumeRefused ends the process (exit 65) unless
     CHECKPOINT_ON_UNVERIFIABLE is StartFresh; one of an unknown format version ends it (78).
     """
-    from ..torch.agreement import member
-
     rank = member().rank
     # Every rank waits alike (each then scans by itself): a pod being replaced may still be
     # writing a newer checkpoint, which the clean-up below would otherwise delete.
@@ -314,7 +313,6 @@ class KubeckptCallback(TrainerCallback):
         if self.ckpt is not None and self.stop is not None:
             return self.ckpt, self.stop
         from ..torch import workers
-        from ..torch.agreement import groups, member
 
         enabled = self.config.enabled
         self.comm, self.io, self.ctl = groups(enabled)  # the ctl group is the stop watcher's
@@ -435,14 +433,12 @@ class KubeckptCallback(TrainerCallback):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
-        self._close_groups(stop.watcher is None or not stop.watcher.is_alive())
+        self._close_groups(stop.watcher_ended)
         self.ckpt = self.stop = None
         if self.stopped and not self.exit_on_stop:
             self._warn_returning(state.global_step)
 
-    def _close_groups(self, watcher_ended: bool = True) -> None:
-        from ..torch.agreement import destroy_groups
-
+    def _close_groups(self, watcher_ended: bool) -> None:
         # A watcher still in a collective on its group (a rank gone): leave that one.
         ctl = self.ctl if watcher_ended else None
         destroy_groups((self.comm, self.io, ctl))

@@ -62,7 +62,8 @@ def _async_checkpointer() -> Any:
     minutes): a save that failed on one process fails on the others at the same time."""
     import orbax.checkpoint as ocp
 
-    timeout = max(1, int(timeout_seconds()))
+    # timeout_seconds() is at least 1: orbax refuses a timeout of 0.
+    timeout = int(timeout_seconds())
     return ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler(), timeout_secs=timeout)
 
 

@@ -78,6 +78,12 @@ class JitStop:
         self.watcher: StopWatcher | None = None
 
     @property
+    def watcher_ended(self) -> bool:
+        """No stop watcher thread runs (none started, or it returned): none is in a collective
+        on its agreement group (a rank gone), so the group can be destroyed."""
+        return self.watcher is None or not self.watcher.is_alive()
+
+    @property
     def exit_code(self) -> int:
         return exit_code(self.stopped)
 
