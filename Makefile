@@ -76,7 +76,7 @@ demo: ## the add-on on a local cluster with a real node: inject, train, preempt,
 	@$(PYTHON) hack/prepare.py --for $(DEMO_FOR)
 	KUBECKPT_BUILD_FOR=$(DEMO_FOR) $(PY) hack/demo.py $(DEMO_ARGS)
 
-cluster-up: venv binaries images ## start the local cluster and its real node in the background (.cluster/kubeconfig; CLUSTER_ARGS=--kueue adds Kueue, --s3 an S3 server)
+cluster-up: venv binaries images ## start the local cluster and its real node in the background (.cluster/kubeconfig; CLUSTER_ARGS=--kueue adds Kueue, --s3 an S3 server, "--real-nodes 2" a second real node)
 	$(PY) -m localcluster start $(CLUSTER_ARGS)
 
 cluster-down: venv ## stop it

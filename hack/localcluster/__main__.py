@@ -152,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--real-nodes",
         type=int,
-        choices=[0, 1],
+        choices=[0, 1, 2],
         default=None,
-        help="real nodes (containerd + kubelet); default 1 where the machine can run one",
+        help="real nodes (containerd + kubelet each); default 1 where the machine can run one; "
+        "2 adds a second node with its own pod subnet (its first start imports the images, about "
+        "a minute)",
     )
     ap.add_argument(
         "--trainer",

@@ -34,7 +34,14 @@ from .images import IMAGES
 from .kubeconfig import write_kubeconfig
 from .kubeflow_trainer import TrainerStack
 from .kueue import KueueStack
-from .node import NODE_IP, REAL_NODE_TAINT, NodeUnavailable, RealNode, sweep_stale_real_node
+from .node import (
+    MAX_REAL_NODES,
+    NODE_IP,
+    REAL_NODE_TAINT,
+    NodeUnavailable,
+    RealNode,
+    sweep_stale_real_node,
+)
 from .processes import ClusterError, Process, free_port, wait_ready
 from .seaweedfs import SeaweedFS
 from .waiting import wait_for
@@ -102,7 +109,8 @@ class LocalCluster:
     """Start with `start()`, stop with `stop()`; or use as a context manager."""
 
     nodes: int = 3
-    # Real nodes (node.py: containerd, kubelet, kube-proxy, CoreDNS on the host): 0 or 1.
+    # Real nodes (node.py: containerd, kubelet, kube-proxy, CoreDNS on the host): 0, 1 or more.
+    # Node 0 starts with the cluster (or on first use); the others after it (`add_real_node`).
     real_nodes: int = 0
     # Taint the real node so that only pods that tolerate it land there (the test session, where
     # KWOK-based tests must keep their pods on KWOK nodes).
@@ -138,12 +146,13 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.ports: dict[str, int] = {}
         self.node: RealNode | None = None
+        self.further_nodes: list[RealNode] = []  # real nodes 1, 2, ... (add_real_node)
         self.trainer = TrainerStack(self)
         self.kueue = KueueStack(self)
         self.seaweedfs: SeaweedFS | None = None
         self.real_node_problem: str | None = None
-        if self.real_nodes not in (0, 1):
-            raise ValueError("one real node at most (they would share the host's containerd)")
+        if not 0 <= self.real_nodes <= MAX_REAL_NODES:
+            raise ValueError(f"0 to {MAX_REAL_NODES} real nodes")
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -198,6 +207,8 @@ class LocalCluster:
             self._wait_ready()
             if self.node is not None and not self.defer_real_node:
                 self.start_real_node()
+                for _ in range(1, self.real_nodes):
+                    self.add_real_node()
         except BaseException:
             self.stop()
             raise
@@ -216,6 +227,41 @@ class LocalCluster:
                 raise
             self.timings.update({f"node_{k}": v for k, v in self.node.timings.items()})
         return self.node
+
+    @property
+    def real_node_list(self) -> list[RealNode]:
+        """Every started real node, node 0 first."""
+        first = [self.node] if self.node is not None and self.node.started else []
+        return first + self.further_nodes
+
+    def add_real_node(self) -> RealNode:
+        """Start one more real node (its own kubelet, containerd and image store, bridge and pod
+        subnet; node.py), after node 0, which it needs. The first start of a further node
+        imports the images into its store (about a minute); later clusters reuse it."""
+        self.start_real_node()
+        taken = {n.index for n in self.further_nodes}
+        free = [i for i in range(1, MAX_REAL_NODES) if i not in taken]
+        if not free:
+            raise NodeUnavailable(f"{MAX_REAL_NODES} real nodes at most")
+        node = RealNode(self, taint=self.taint_real_nodes, index=free[0])
+        try:
+            node.prepare()
+            node.start()
+        except BaseException:
+            node.stop()  # a half-started node too
+            raise
+        self.further_nodes.append(node)
+        self.timings.update({f"node{node.suffix}_{k}": v for k, v in node.timings.items()})
+        return node
+
+    def remove_real_node(self, node: RealNode) -> None:
+        """Stop a further node and delete its Node object (as a cloud provider's node controller
+        does once the machine is gone): its pods then go with it (pod garbage collection)."""
+        if node not in self.further_nodes:
+            raise ValueError(f"{node.name} is not a further real node of this cluster")
+        node.stop()
+        self.further_nodes.remove(node)
+        self.kubectl("delete", "node", node.name, "--wait=false", check=False)
 
     def start_trainer(
         self, *, status_gate: bool = False, status_qps: float = 5.0, status_burst: int = 10
@@ -279,6 +325,9 @@ class LocalCluster:
     def stop(self) -> None:
         try:
             self.stop_seaweedfs()
+            for further in reversed(self.further_nodes):
+                further.stop()
+            self.further_nodes.clear()
             if self.node is not None:
                 self.node.stop()
                 self.node = None
@@ -297,7 +346,7 @@ class LocalCluster:
             "ports": self.ports,
             "pids": {n: p.popen.pid for n, p in self.procs.items() if p.popen},
             "timings": {k: round(v, 2) for k, v in self.timings.items()},
-            "real_nodes": [self.node.name] if self.node is not None else [],
+            "real_nodes": [n.name for n in self.real_node_list],
             # Its access key and secret are in <workdir>/seaweedfs/s3.json (readable by root only).
             "s3_endpoint": self.seaweedfs.endpoint if self.seaweedfs is not None else None,
         }

@@ -38,8 +38,11 @@ NAMESPACE = "k8s.io"  # the CRI plugin's, where the kubelet looks
 Ctr = Callable[..., str]
 
 
-def store_root(cache: Path) -> Path:
-    return cache / "containerd" / "root"
+def store_root(cache: Path, node: int = 0) -> Path:
+    """Real node `node`'s image store: one per node, since a containerd holds its store's
+    metadata database locked; node 0's is the one `preload` fills ahead of time, a further
+    node's is filled at its first start and kept, like node 0's, across clusters."""
+    return cache / "containerd" / ("root" if node == 0 else f"root-{node}")
 
 
 def import_missing(ctr: Ctr, root: Path, archives: dict[str, Path]) -> list[str]:

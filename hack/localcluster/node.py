@@ -47,10 +47,33 @@ from .processes import Process, free_port, wait_ready
 if TYPE_CHECKING:
     from .handle import ClusterHandle
 
-BRIDGE = "kubeckpt0"
-NODE_IP = "10.87.0.1"
-POD_SUBNET = "10.87.0.0/24"
-NODE_NAME = "kubeckpt-node-0"
+
+def node_name(index: int) -> str:
+    return f"kubeckpt-node-{index}"
+
+
+def bridge_name(index: int) -> str:
+    return f"kubeckpt{index}"
+
+
+def node_ip(index: int) -> str:
+    return f"10.87.{index}.1"
+
+
+def pod_subnet(index: int) -> str:
+    return f"10.87.{index}.0/24"
+
+
+# Node 0 is the cluster's first real node: it runs CoreDNS and kube-proxy, and the API server
+# advertises its address. Further nodes (index 1, ...) share the host's network namespace, so
+# node 0's kube-proxy and CoreDNS serve their pods too.
+BRIDGE = bridge_name(0)
+NODE_IP = node_ip(0)
+POD_SUBNET = pod_subnet(0)
+NODE_NAME = node_name(0)
+CLUSTER_CIDR = "10.87.0.0/16"  # every node's pod subnet
+BRIDGES = "kubeckpt+"  # iptables' wildcard for every node's bridge
+MAX_REAL_NODES = 8
 REAL_NODE_LABEL = "kubeckpt.io/real-node"
 # Tests' pods tolerate this; the KWOK-based tests never land on the real node.
 REAL_NODE_TAINT = {"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}
@@ -230,8 +253,42 @@ def _split_rule(rule: str) -> list[str]:
     return re.findall(r'"[^"]*"|\S+', rule)
 
 
-def _delete_bridge() -> None:
-    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
+def _delete_bridge(name: str = BRIDGE) -> None:
+    subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
+
+
+def _node_bridges() -> list[str]:
+    """Every node's bridge on the host (kubeckpt0, kubeckpt1, ...)."""
+    out = run("ip", "-o", "link", "show", "type", "bridge", check=False)
+    return re.findall(r"^\d+: (kubeckpt\d+)[:@]", out, re.MULTILINE)
+
+
+def _delete_node_bridges() -> None:
+    for name in _node_bridges():
+        _delete_bridge(name)
+
+
+def cgroup_parent(index: int) -> str:
+    """The cgroup under which node `index`'s kubelet puts its pods: the default for node 0
+    (`/kubepods`), a top-level cgroup of its own for the others, so that two kubelets on one host
+    never manage (or kill) each other's pods."""
+    return "" if index == 0 else f"kubeckpt-node-{index}"
+
+
+def _extra_cgroup_tops() -> list[str]:
+    """The cgroups of nodes other than node 0 that exist on the host (after a crash too)."""
+    tops: set[str] = set()
+    with contextlib.suppress(OSError):
+        for sub in CGROUP_ROOT.iterdir():
+            with contextlib.suppress(OSError):
+                tops.update(d.name for d in sub.glob("kubeckpt-node-*") if d.is_dir())
+    return sorted(tops)
+
+
+def _kill_all_node_cgroups() -> None:
+    _kill_cgroup_tree()
+    for top in _extra_cgroup_tops():
+        _kill_cgroup_tree(top)
 
 
 @dataclass
@@ -257,13 +314,13 @@ def teardown_host(record: dict[str, Any]) -> list[str]:
     """Undo a real node's host changes. Idempotent; every step runs even if one fails (the
     containers' processes go first); returns what failed."""
     workdir = Path(record["workdir"]) if record.get("workdir") else None
-    steps: list[tuple[str, Any]] = [("containers", _kill_cgroup_tree)]
-    if workdir is not None:
+    steps: list[tuple[str, Any]] = [("containers", _kill_all_node_cgroups)]
+    if workdir is not None:  # every node's containerd state is under workdir/containerd*
         steps.append(("shims", lambda: _kill_matching(str(workdir / "containerd"))))
     steps.append(("network namespaces", _remove_netns))
     if workdir is not None:
         steps.append(("mounts", lambda: _unmount_under(workdir)))
-    steps += [("iptables", _iptables_cleanup), ("bridge", _delete_bridge)]
+    steps += [("iptables", _iptables_cleanup), ("bridges", _delete_node_bridges)]
     forward = record.get("ip_forward")
     if forward is not None:
         steps.append(("ip_forward", lambda: Path(IP_FORWARD).write_text(str(forward))))
@@ -305,21 +362,31 @@ def sweep_stale_real_node() -> None:
 # --- the node ------------------------------------------------------------------------------------
 @dataclass
 class RealNode:
-    """One real node of `cluster`. `prepare()` before the API server starts (the node's address
-    must exist for the API server to advertise it), `start()` after the control plane."""
+    """One real node of `cluster`. Node 0: `prepare()` before the API server starts (the node's
+    address must exist for the API server to advertise it), `start()` after the control plane.
+    A further node (`index` 1, ...) is prepared and started after node 0: its own kubelet,
+    containerd (and image store), bridge, pod subnet and cgroup parent, on the same host."""
 
     cluster: ClusterHandle
     taint: bool = False
-    name: str = NODE_NAME
+    index: int = 0
     procs: dict[str, Process] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert self.cluster.workdir is not None
-        self.dir = self.cluster.workdir / "node"
+        if not 0 <= self.index < MAX_REAL_NODES:
+            raise ValueError(f"real node index {self.index} out of 0..{MAX_REAL_NODES - 1}")
+        self.name = node_name(self.index)
+        self.ip = node_ip(self.index)
+        self.bridge = bridge_name(self.index)
+        self.subnet = pod_subnet(self.index)
+        # Node 0 keeps the names it always had (logs, ports, files); the others get a suffix.
+        self.suffix = "" if self.index == 0 else f"-{self.index}"
+        self.dir = self.cluster.workdir / f"node{self.suffix}"
         self.cache = cache_dir()
-        self.ctrd_root = store_root(self.cache)
-        self.ctrd_dir = self.cluster.workdir / "containerd"
+        self.ctrd_root = store_root(self.cache, self.index)
+        self.ctrd_dir = self.cluster.workdir / f"containerd{self.suffix}"
         self.sock = containerd_socket(self.ctrd_dir)
         self.ctr = ctr_call(self.sock)
         self._lock_fd: int | None = None
@@ -329,6 +396,9 @@ class RealNode:
 
     # --- lifecycle ---
     def prepare(self) -> None:
+        if self.index:
+            self._prepare_further_node()
+            return
         if os.geteuid() != 0:
             raise NodeUnavailable(host_problem() or "not root")
         self.cache.mkdir(parents=True, exist_ok=True)
@@ -364,6 +434,20 @@ class RealNode:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._network_up()
 
+    def _prepare_further_node(self) -> None:
+        """Node 0 holds the machine's lock and set up the host (iptables, forwarding, the crash
+        record; its teardown removes every node's bridge and cgroups): a further node only needs
+        its bridge and its cgroup parent."""
+        if not self.cluster_has_node_0():
+            raise NodeUnavailable(f"{self.name} needs the cluster's real node 0 started first")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._bridge_up()
+        self._cgroup_parent_up()
+
+    def cluster_has_node_0(self) -> bool:
+        node = self.cluster.node
+        return isinstance(node, RealNode) and node.started and node.index == 0
+
     def start(self) -> None:
         self.started = True  # stop() undoes a half-started node as well
         t0 = time.monotonic()
@@ -371,8 +455,9 @@ class RealNode:
         self._start_containerd()
         self._import_images()
         self.timings["images"] = time.monotonic() - t0
-        self._start_coredns()
-        self._start_kube_proxy()
+        if self.index == 0:  # one of each per host network namespace (see the constants)
+            self._start_coredns()
+            self._start_kube_proxy()
         self._start_kubelet()
         self._wait_ready()
         self.timings["node_ready"] = time.monotonic() - t0
@@ -381,6 +466,9 @@ class RealNode:
         kubelet = self.procs.pop("kubelet", None)
         if kubelet is not None:
             kubelet.stop(timeout=5)
+        if self.index:
+            self._stop_further_node()
+            return
         _kill_cgroup_tree()
         if "containerd" in self.procs and self.procs["containerd"].alive():
             self._remove_containers()
@@ -394,24 +482,71 @@ class RealNode:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    def _stop_further_node(self) -> None:
+        top = cgroup_parent(self.index)
+        _kill_cgroup_tree(top)
+        if "containerd" in self.procs and self.procs["containerd"].alive():
+            self._remove_containers()
+        for name in reversed(list(self.procs)):
+            self.procs[name].stop(timeout=5)
+        self.procs.clear()
+        _kill_matching(f"{self.ctrd_dir}/")  # shims left by a killed containerd
+        _kill_cgroup_tree(top)
+        _unmount_under(self.dir)
+        _unmount_under(self.ctrd_dir)
+        _delete_bridge(self.bridge)
+        # A node added again later starts clean (the kubelet's and containerd's state).
+        shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.ctrd_dir, ignore_errors=True)
+
+    def power_off(self) -> None:
+        """The node dies at once, as a machine losing power: its kubelet, containerd, the
+        containerd shims and every process of its pods SIGKILLed; nothing runs a preStop hook,
+        nothing tells the API server. Its Node object and pods stay as they were until the
+        cluster notices (or someone deletes the Node, as a cloud provider's node controller
+        does for a vanished machine). `stop()` still cleans up after it."""
+        for name in ("kubelet", "containerd"):
+            if name in self.procs:
+                self.procs[name].kill()
+        _kill_matching(f"{self.ctrd_dir}/")
+        _kill_cgroup_tree(cgroup_parent(self.index) or "kubepods")
+
     # --- network ---
+    def _bridge_up(self) -> None:
+        _delete_bridge(self.bridge)
+        run("ip", "link", "add", self.bridge, "type", "bridge")
+        run("ip", "addr", "add", f"{self.ip}/24", "dev", self.bridge)
+        run("ip", "link", "set", self.bridge, "up")
+
+    def _cgroup_parent_up(self) -> None:
+        """The kubelet refuses a cgroupRoot that does not exist in every hierarchy; cpuset's
+        needs its CPUs and memory nodes before any process may join a child of it."""
+        top = cgroup_parent(self.index)
+        for hierarchy in CGROUP_ROOT.iterdir():
+            if not (hierarchy / "cgroup.procs").exists():
+                continue
+            d = hierarchy / top
+            d.mkdir(exist_ok=True)
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                if (d / knob).exists() and not (d / knob).read_text().strip():
+                    (d / knob).write_text((hierarchy / knob).read_text())
+
     def _network_up(self) -> None:
-        _delete_bridge()
-        run("ip", "link", "add", BRIDGE, "type", "bridge")
-        run("ip", "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE)
-        run("ip", "link", "set", BRIDGE, "up")
-        # Pods reach each other and the host; nothing they send is forwarded anywhere else.
+        """Node 0's bridge and the host's rules, written for every node's bridge at once."""
+        self._bridge_up()
+        # Pods reach each other (on any node) and the host; nothing they send is forwarded
+        # anywhere else.
         run("iptables", "-N", ISOLATE_CHAIN)
-        run("iptables", "-A", ISOLATE_CHAIN, "-i", BRIDGE, "-o", BRIDGE, "-j", "ACCEPT")
-        run("iptables", "-A", ISOLATE_CHAIN, "-i", BRIDGE, "-j", "DROP")
-        run("iptables", "-A", ISOLATE_CHAIN, "-o", BRIDGE, "-j", "ACCEPT")
+        run("iptables", "-A", ISOLATE_CHAIN, "-i", BRIDGES, "-o", BRIDGES, "-j", "ACCEPT")
+        run("iptables", "-A", ISOLATE_CHAIN, "-i", BRIDGES, "-j", "DROP")
+        run("iptables", "-A", ISOLATE_CHAIN, "-o", BRIDGES, "-j", "ACCEPT")
         run("iptables", "-I", "FORWARD", "1", "-j", ISOLATE_CHAIN)
         # The API server listens on every local address (pods reach it at the node's address):
-        # only loopback and the bridge may connect.
+        # only loopback and the bridges may connect.
         port = str(self.cluster.ports["apiserver"])
         run("iptables", "-N", "KUBECKPT-APISERVER")
         run("iptables", "-A", "KUBECKPT-APISERVER", "-i", "lo", "-j", "RETURN")
-        run("iptables", "-A", "KUBECKPT-APISERVER", "-i", BRIDGE, "-j", "RETURN")
+        run("iptables", "-A", "KUBECKPT-APISERVER", "-i", BRIDGES, "-j", "RETURN")
         run("iptables", "-A", "KUBECKPT-APISERVER", "-j", "DROP")
         run(
             "iptables", "-I", "INPUT", "1", "-p", "tcp", "--dport", port, "-j", "KUBECKPT-APISERVER"
@@ -422,7 +557,7 @@ class RealNode:
 
     def guard_host_port(self, port: int) -> None:
         """A host process that pods reach at the node's address but that listens on every
-        address (Trainer's status server): only loopback and the bridge may connect."""
+        address (Trainer's status server): only loopback and the bridges may connect."""
         self.guarded_ports.add(port)
         run(
             "iptables", "-I", "INPUT", "1", "-p", "tcp", "--dport", str(port),
@@ -430,19 +565,20 @@ class RealNode:
         )  # fmt: skip
 
     def _cni_config(self) -> dict[str, Any]:
+        first = f"10.87.{self.index}.10"
         return {
             "cniVersion": "0.4.0",
             "name": "kubeckpt",
             "plugins": [
                 {
                     "type": "bridge",
-                    "bridge": BRIDGE,
+                    "bridge": self.bridge,
                     "isGateway": True,
                     "ipMasq": False,
                     "hairpinMode": True,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": POD_SUBNET, "rangeStart": "10.87.0.10"}]],
+                        "ranges": [[{"subnet": self.subnet, "rangeStart": first}]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": str(self.dir / "cni-ipam"),
                     },
@@ -456,15 +592,17 @@ class RealNode:
         assert self.cluster.workdir is not None
         d = self.cluster.workdir / "pki"
         ca = pki.KeyPair.read(d, "ca")
+        client, serving = f"kubelet{self.suffix}", f"kubelet-serving{self.suffix}"
         pki.issue(ca, f"system:node:{self.name}", orgs=("system:nodes",), client=True).write(
-            d, "kubelet"
+            d, client
         )
-        pki.issue(ca, self.name, dns_names=(self.name,), ips=(NODE_IP,), server=True).write(
-            d, "kubelet-serving"
+        pki.issue(ca, self.name, dns_names=(self.name,), ips=(self.ip,), server=True).write(
+            d, serving
         )
+        self.serving = (d / f"{serving}.crt", d / f"{serving}.key")
         self.kubeconfig = self.dir / "kubelet.kubeconfig"
         self.cluster.write_kubeconfig(
-            self.kubeconfig, f"system:node:{self.name}", d / "kubelet.crt", d / "kubelet.key"
+            self.kubeconfig, f"system:node:{self.name}", d / f"{client}.crt", d / f"{client}.key"
         )
 
     # --- containerd ---
@@ -505,7 +643,8 @@ class RealNode:
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
         assert self.cluster.workdir is not None
-        p = Process(name, argv, self.cluster.workdir / "logs" / f"{name}.log", env=env)
+        log = self.cluster.workdir / "logs" / f"{name}{self.suffix}.log"
+        p = Process(name, argv, log, env=env)
         p.start()
         self.procs[name] = p
         return p
@@ -583,7 +722,7 @@ class RealNode:
                     "clientConnection": {"kubeconfig": str(self.cluster.kubeconfig)},
                     "mode": "iptables",
                     "hostnameOverride": self.name,
-                    "clusterCIDR": POD_SUBNET,
+                    "clusterCIDR": CLUSTER_CIDR,
                     "bindAddress": NODE_IP,
                     "metricsBindAddress": f"127.0.0.1:{metrics}",
                     "healthzBindAddress": f"127.0.0.1:{health}",
@@ -601,8 +740,8 @@ class RealNode:
     def _start_kubelet(self) -> None:
         assert self.cluster.binaries is not None and self.cluster.workdir is not None
         d = self.cluster.workdir / "pki"
-        port = self.cluster.ports["kubelet"] = free_port()
-        healthz = self.cluster.ports["kubelet_healthz"] = free_port()
+        port = self.cluster.ports[f"kubelet{self.suffix}"] = free_port()
+        healthz = self.cluster.ports[f"kubelet_healthz{self.suffix}"] = free_port()
         root = self.dir / "kubelet"
         root.mkdir(parents=True, exist_ok=True)
         resolv = self.dir / "resolv.conf"
@@ -610,7 +749,7 @@ class RealNode:
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": NODE_IP,
+            "address": self.ip,
             "port": port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -621,13 +760,13 @@ class RealNode:
                 "x509": {"clientCAFile": str(d / "ca.crt")},
             },
             "authorization": {"mode": "Webhook"},
-            "tlsCertFile": str(d / "kubelet-serving.crt"),
-            "tlsPrivateKeyFile": str(d / "kubelet-serving.key"),
+            "tlsCertFile": str(self.serving[0]),
+            "tlsPrivateKeyFile": str(self.serving[1]),
             # The host has cgroup v1 and no systemd managing it.
             "cgroupDriver": "cgroupfs",
             "failCgroupV1": False,
             "containerRuntimeEndpoint": f"unix://{self.sock}",
-            "clusterDNS": [NODE_IP],
+            "clusterDNS": [NODE_IP],  # node 0's CoreDNS serves every node
             "clusterDomain": "cluster.local",
             "resolvConf": str(resolv),
             "failSwapOn": False,
@@ -650,6 +789,8 @@ class RealNode:
             "shutdownGracePeriod": "0s",
             "maxPods": 110,
         }
+        if self.index:
+            config["cgroupRoot"] = "/" + cgroup_parent(self.index)
         path = self.dir / "kubelet.yaml"
         path.write_text(yaml.safe_dump(config))
         argv = [
@@ -658,7 +799,7 @@ class RealNode:
             f"--kubeconfig={self.kubeconfig}",
             f"--root-dir={root}",
             f"--hostname-override={self.name}",
-            f"--node-ip={NODE_IP}",
+            f"--node-ip={self.ip}",
             f"--node-labels={REAL_NODE_LABEL}=true",
             "--v=1",
         ]

@@ -20,7 +20,14 @@ from localcluster import LocalCluster, wait_for
 from localcluster import addon as kubeckpt_addon
 from localcluster.node import RealNode
 from localcluster.pods import running, wait_pod
-from tests.support.node_pods import job_succeeded, load_demo, progress_record
+from tests.support.node_pods import (
+    complete_steps,
+    diagnose,
+    job_succeeded,
+    load_demo,
+    pod_field,
+    progress_record,
+)
 
 JOB = "peer-copy"
 REFERENCE = "peer-copy-reference"  # the same job, uninterrupted: its final parameters to match
@@ -36,37 +43,6 @@ def addon(cluster: LocalCluster, real_node: RealNode) -> Iterator[None]:
         yield
     finally:
         kubeckpt_addon.uninstall(cluster)
-
-
-def _sh(cluster: LocalCluster, ns: str, pod: str, script: str) -> str:
-    p = cluster.kubectl(
-        "exec", pod, "-n", ns, "-c", "pytorch", "--", "sh", "-c", script, check=False
-    )
-    return p.stdout if p.returncode == 0 else ""
-
-
-def _complete_steps(cluster: LocalCluster, ns: str, pod: str, directory: str) -> set[int]:
-    """The steps of the complete checkpoints (a manifest) directly in `directory` of `pod`."""
-    out = _sh(cluster, ns, pod, f"ls -d {directory}/checkpoint-*/manifest.json 2>/dev/null")
-    return {int(line.split("/checkpoint-")[1].split("/")[0]) for line in out.split()}
-
-
-def _uid(cluster: LocalCluster, ns: str, pod: str) -> str:
-    p = cluster.kubectl("get", "pod", pod, "-n", ns, "-o", "jsonpath={.metadata.uid}", check=False)
-    return p.stdout.strip() if p.returncode == 0 else ""
-
-
-def _diagnose(cluster: LocalCluster, ns: str, pods: tuple[str, ...]) -> str:
-    """The pods, their processes and their logs (this run's and the previous container's)."""
-    out = [cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout]
-    for pod in pods:
-        out.append(f"--- {pod}: processes")
-        out.append(_sh(cluster, ns, pod, "ps -eo pid,stat,etime,args 2>/dev/null || ls /proc"))
-        for previous in ("--previous", ""):
-            args = ("logs", pod, "-n", ns, "-c", "pytorch", "--tail=30")
-            logs = cluster.kubectl(*args, *((previous,) if previous else ()), check=False)
-            out.append(f"--- {pod} logs {previous}\n{logs.stdout}{logs.stderr}")
-    return "\n".join(out)
 
 
 def _kill_pod_processes(uid: str) -> int:
@@ -122,19 +98,19 @@ def test_a_worker_lost_without_notice_resumes_from_its_copy_in_the_masters_ramdi
     def copied() -> int | None:
         """The newest step that the worker holds, the master holds, and the master keeps the
         worker's copy of (node 1's, in `peers/1/`): what a replacement worker can fetch."""
-        own = _complete_steps(cluster, ns, worker, LOCAL)
-        mine = _complete_steps(cluster, ns, master, LOCAL)
-        kept = _complete_steps(cluster, ns, master, f"{LOCAL}/peers/1")
+        own = complete_steps(cluster, ns, worker, LOCAL)
+        mine = complete_steps(cluster, ns, master, LOCAL)
+        kept = complete_steps(cluster, ns, master, f"{LOCAL}/peers/1")
         common = own & mine & kept
         return max(common) if common and max(common) >= 40 else None
 
     at_kill = wait_for(copied, "the worker's copy in the master's ramdisk", timeout=240)
-    uid = _uid(cluster, ns, worker)
+    uid = pod_field(cluster, ns, worker, "{.metadata.uid}")
     assert _kill_pod_processes(uid) > 0, f"no process found in the cgroups of pod {uid}"
     cluster.kubectl("delete", "pod", worker, "-n", ns, "--grace-period=0", "--force")
 
     def replaced() -> bool:
-        new = _uid(cluster, ns, worker)
+        new = pod_field(cluster, ns, worker, "{.metadata.uid}")
         return bool(new) and new != uid
 
     wait_for(replaced, "a new worker pod", timeout=120)
@@ -149,7 +125,7 @@ def test_a_worker_lost_without_notice_resumes_from_its_copy_in_the_masters_ramdi
         # kubelet restart back-off between the two pods' restarts is one candidate).
         rec = wait_for(resumed, "the job to resume", timeout=480)
     except TimeoutError as e:
-        raise AssertionError(f"{e}\n{_diagnose(cluster, ns, (master, worker))}") from None
+        raise AssertionError(f"{e}\n{diagnose(cluster, ns, (master, worker))}") from None
     logs = "\n".join(
         cluster.kubectl("logs", p, "-n", ns, "-c", "pytorch", "--tail=40", check=False).stdout
         for p in (master, worker)

@@ -50,6 +50,39 @@ def job_succeeded(cluster: LocalCluster, ns: str, job: str) -> bool:
     return any(c["type"] == "Succeeded" and c["status"] == "True" for c in conds)
 
 
+def pod_sh(cluster: LocalCluster, ns: str, pod: str, script: str) -> str:
+    """`script` run by `sh -c` in `pod`'s training container: its stdout, or "" when it failed."""
+    p = cluster.kubectl(
+        "exec", pod, "-n", ns, "-c", "pytorch", "--", "sh", "-c", script, check=False
+    )
+    return p.stdout if p.returncode == 0 else ""
+
+
+def complete_steps(cluster: LocalCluster, ns: str, pod: str, directory: str) -> set[int]:
+    """The steps of the complete checkpoints (a manifest) directly in `directory` of `pod`."""
+    out = pod_sh(cluster, ns, pod, f"ls -d {directory}/checkpoint-*/manifest.json 2>/dev/null")
+    return {int(line.split("/checkpoint-")[1].split("/")[0]) for line in out.split()}
+
+
+def pod_field(cluster: LocalCluster, ns: str, pod: str, jsonpath: str) -> str:
+    """One field of `pod` (`{.metadata.uid}`, `{.spec.nodeName}`), or "" while it is missing."""
+    p = cluster.kubectl("get", "pod", pod, "-n", ns, "-o", f"jsonpath={jsonpath}", check=False)
+    return p.stdout.strip() if p.returncode == 0 else ""
+
+
+def diagnose(cluster: LocalCluster, ns: str, pods: tuple[str, ...]) -> str:
+    """The pods, their processes and their logs (this run's and the previous container's)."""
+    out = [cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout]
+    for name in pods:
+        out.append(f"--- {name}: processes")
+        out.append(pod_sh(cluster, ns, name, "ps -eo pid,stat,etime,args 2>/dev/null || ls /proc"))
+        for previous in ("--previous", ""):
+            args = ("logs", name, "-n", ns, "-c", "pytorch", "--tail=30")
+            logs = cluster.kubectl(*args, *((previous,) if previous else ()), check=False)
+            out.append(f"--- {name} logs {previous}\n{logs.stdout}{logs.stderr}")
+    return "\n".join(out)
+
+
 def pod(name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
     for c in containers:
         c.setdefault("imagePullPolicy", "Never")

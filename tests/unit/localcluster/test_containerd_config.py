@@ -54,3 +54,27 @@ def test_ctr_call_says_which_command_failed(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"ctr --address \S+containerd.sock -n k8s.io nope"):
         ctr("nope", timeout=10)
     assert ctr("nope", timeout=10, check=False) == ""  # check=False: the output, no raise
+
+
+def test_two_nodes_share_no_store_socket_state_subnet_or_bridge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second real node on the same host: containerd locks its store's database and the kubelet
+    kills sandboxes it does not know, so each node needs its own store, socket and state; its CNI
+    config puts its pods on its own bridge and subnet (node 0's stays as it always was)."""
+    monkeypatch.setenv("KUBECKPT_CACHE", str(tmp_path / "cache"))
+    cluster = SimpleNamespace(workdir=tmp_path / "work")
+    nodes = [RealNode(cluster=cluster, index=i) for i in (0, 1)]  # type: ignore[arg-type]
+    cfgs = [tomllib.loads(n._containerd_config()) for n in nodes]
+    for key in ("root", "state"):
+        assert cfgs[0][key] != cfgs[1][key], key
+    assert cfgs[0]["grpc"]["address"] != cfgs[1]["grpc"]["address"]
+    assert cfgs[0]["root"] == str(store_root(tmp_path / "cache"))
+    assert nodes[1].name == "kubeckpt-node-1" and nodes[1].ip == "10.87.1.1"
+    cni = [n._cni_config()["plugins"][0] for n in nodes]
+    assert [c["bridge"] for c in cni] == ["kubeckpt0", "kubeckpt1"]
+    subnets = [c["ipam"]["ranges"][0][0]["subnet"] for c in cni]
+    assert subnets == ["10.87.0.0/24", "10.87.1.0/24"]
+    assert cni[0]["ipam"]["dataDir"] != cni[1]["ipam"]["dataDir"]
+    with pytest.raises(ValueError, match="index"):
+        RealNode(cluster=cluster, index=-1)  # type: ignore[arg-type]

@@ -1,0 +1,272 @@
+"""Issue 28 item 2: a second real node (its own kubelet, containerd and image store, bridge and
+pod subnet, cgroup parent; hack/localcluster/node.py) and the demo's two-rank PyTorchJob with one
+rank on each node, DDP over the pod network between the two subnets.
+
+- `kubectl drain` of the worker's node: the worker is evicted (SIGTERM, preStop, a just-in-time
+  checkpoint on both ranks), its new pod goes to the other node (the drained one is cordoned), and
+  both ranks resume at the just-in-time step from the persistent tier.
+- The worker's node dies (kubelet, containerd, shims and every process of its pods SIGKILLed, no
+  drain, no preStop) and its Node object is deleted, as a cloud provider's node controller does for
+  a machine that is gone; pod garbage collection removes the worker pod, the operator creates it
+  again on the surviving node, and it restores its part from its copy in the master's ramdisk on
+  that node (the peer copy), the newest complete checkpoint that survived.
+
+Each ends bitwise equal to the same job run without interruption, and its TrainingProgress names
+the tier it resumed from. Both nodes share this host's kernel: the dead node's connections are
+closed at once (a machine that vanishes leaves them to the training's collective timeout), and the
+PersistentVolume is a host directory both nodes mount, as a shared filesystem would be.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster import LocalCluster, wait_for
+from localcluster import addon as kubeckpt_addon
+from localcluster.images import MissingImages
+from localcluster.node import CGROUP_ROOT, NodeUnavailable, RealNode, cgroup_parent
+from localcluster.pods import running, wait_pod
+from tests.support.node_pods import (
+    complete_steps,
+    diagnose,
+    job_succeeded,
+    load_demo,
+    pod_field,
+    progress_record,
+)
+
+JOB = "two-nodes"
+REFERENCE = "two-nodes-reference"  # the same job, uninterrupted, all on node 0
+LOCAL = "/var/run/kubeckpt/local"
+HOSTNAME = "kubernetes.io/hostname"
+RESUMED = re.compile(r"resumed from (checkpoint-(\d+)) at step (\d+)")
+
+
+@pytest.fixture(scope="module")
+def addon(cluster: LocalCluster, real_node: RealNode) -> Iterator[None]:
+    """Installed before the second node exists, so the add-on's pods run on node 0, which the
+    tests never take away."""
+    kubeckpt_addon.install(cluster)
+    try:
+        yield
+    finally:
+        kubeckpt_addon.uninstall(cluster)
+
+
+@pytest.fixture
+def second_node(cluster: LocalCluster, addon: None) -> Iterator[RealNode]:
+    try:
+        node = cluster.add_real_node()
+    except (NodeUnavailable, MissingImages) as e:
+        pytest.fail(f"no second real node: {e}", pytrace=False)
+    try:
+        yield node
+    finally:
+        cluster.remove_real_node(node)
+
+
+def _place(job: dict[str, Any], master_on: str, worker_prefers: str) -> dict[str, Any]:
+    """The master on node `master_on`; the worker preferably on `worker_prefers` (only
+    preferably: when that node is gone or cordoned, it goes wherever it fits)."""
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    specs["Master"]["template"]["spec"]["nodeSelector"][HOSTNAME] = master_on
+    specs["Worker"]["template"]["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "preference": {
+                        "matchExpressions": [
+                            {"key": HOSTNAME, "operator": "In", "values": [worker_prefers]}
+                        ]
+                    },
+                }
+            ]
+        }
+    }
+    return job
+
+
+def _start_jobs(
+    cluster: LocalCluster,
+    ns: str,
+    tmp_path: Path,
+    policy: dict[str, Any],
+    steps: int,
+    node0: str,
+    node1: str,
+) -> Path:
+    """The PV, the script, the policy; JOB across both nodes and REFERENCE on node 0. Returns
+    the PersistentVolume's host directory."""
+    demo = load_demo()
+    cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
+    storage = tmp_path / "volume"
+    for name in (JOB, REFERENCE):
+        (storage / "runs" / ns / name).mkdir(parents=True)
+    for p in storage.rglob("*"):
+        p.chmod(0o777)
+    storage.chmod(0o777)
+    cluster.apply(demo.storage_objects(storage, ns))
+    script = Path(__file__).resolve().parents[2] / "hack" / "demo" / "train.py"
+    cluster.kubectl("create", "configmap", "train", "-n", ns, f"--from-file=train.py={script}")
+    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", ns, "--from-literal=token=x")
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(policy))
+    job = _place(demo.demo_job(JOB, steps, 0.05, tolerate=True), node0, node1)
+    reference = _place(demo.demo_job(REFERENCE, steps, 0.05, tolerate=True), node0, node0)
+    for obj in (job, reference):
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj))
+    for name in (JOB, REFERENCE):
+        for pod in (f"{name}-master-0", f"{name}-worker-0"):
+            wait_pod(cluster, ns, pod, running, "running", timeout=180)
+    placed = {p: pod_field(cluster, ns, p, "{.spec.nodeName}") for p in _pods(JOB)}
+    assert placed == {f"{JOB}-master-0": node0, f"{JOB}-worker-0": node1}, placed
+    return storage
+
+
+def _pods(job: str) -> tuple[str, str]:
+    return f"{job}-master-0", f"{job}-worker-0"
+
+
+def _replaced_on(cluster: LocalCluster, ns: str, pod: str, uid: str, node: str) -> None:
+    """`pod` is a new pod (not `uid`), running, on `node`."""
+    wait_for(
+        lambda: pod_field(cluster, ns, pod, "{.metadata.uid}") not in ("", uid),
+        f"a new {pod}",
+        timeout=180,
+    )
+    wait_pod(cluster, ns, pod, running, "running", timeout=180)
+    assert pod_field(cluster, ns, pod, "{.spec.nodeName}") == node
+
+
+def _finished_like_reference(cluster: LocalCluster, ns: str, steps: int) -> None:
+    digests = {}
+    for name in (JOB, REFERENCE):
+        wait_for(lambda n=name: job_succeeded(cluster, ns, n), f"{name} to succeed", timeout=300)
+        out = cluster.kubectl("logs", f"{name}-master-0", "-n", ns, "-c", "pytorch").stdout
+        assert f"finished at step {steps}" in out, out[-2000:]
+        digests[name] = re.findall(r"final parameters sha256 (\w+)", out)
+    assert digests[JOB] and digests[JOB] == digests[REFERENCE], digests
+
+
+def _pod_pids(node: RealNode) -> set[int]:
+    """The processes in `node`'s pod cgroups (its own cgroup parent: none of node 0's)."""
+    pids: set[int] = set()
+    for procs in CGROUP_ROOT.glob(f"*/{cgroup_parent(node.index)}/**/cgroup.procs"):
+        try:
+            pids.update(int(pid) for pid in procs.read_text().split())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    """Running: neither gone nor a zombie waiting for its (new) parent to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _tier(cluster: LocalCluster, ns: str) -> str | None:
+    tp = json.loads(cluster.kubectl("get", "tp", JOB, "-n", ns, "-o", "json").stdout)
+    return ((tp.get("status") or {}).get("checkpointing") or {}).get("resumedTier")
+
+
+def test_a_drained_node_moves_its_rank_and_the_job_resumes_at_the_jit_step(
+    cluster: LocalCluster, second_node: RealNode, node_ns: str, tmp_path: Path
+) -> None:
+    ns, steps = node_ns, 400
+    node0, node1 = cluster.real_node_list[0].name, second_node.name
+    policy = load_demo().demo_policy(save_steps=1_000_000)  # only the just-in-time save
+    storage = _start_jobs(cluster, ns, tmp_path, policy, steps, node0, node1)
+    master, worker = _pods(JOB)
+    before = wait_for(
+        lambda: (s := int(progress_record(cluster, ns, master).get("step") or 0)) >= 40 and s,
+        "the job to reach step 40",
+        timeout=240,
+    )
+    uid = pod_field(cluster, ns, worker, "{.metadata.uid}")
+    try:
+        cluster.kubectl(
+            "drain", node1, "--pod-selector", f"training.kubeflow.org/job-name={JOB}",
+            "--delete-emptydir-data", "--ignore-daemonsets", "--timeout=300s", timeout=320,
+        )  # fmt: skip
+        _replaced_on(cluster, ns, worker, uid, node0)
+
+        def resumed() -> dict[str, re.Match[str]] | None:
+            found = {}
+            for pod in (master, worker):
+                out = cluster.kubectl("logs", pod, "-n", ns, "-c", "pytorch", check=False).stdout
+                if m := RESUMED.search(out):
+                    found[pod] = m
+            return found if len(found) == 2 else None
+
+        try:
+            found = wait_for(resumed, "both ranks to resume", timeout=240)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}\n{diagnose(cluster, ns, (master, worker))}") from None
+        at = {pod: (int(m.group(2)), int(m.group(3))) for pod, m in found.items()}
+        jit_step = at[master][0]
+        assert set(at.values()) == {(jit_step, jit_step)}, at  # one step, on both ranks
+        assert jit_step >= before, (jit_step, before)  # no step lost
+        assert (storage / "runs" / ns / JOB / f"checkpoint-{jit_step}" / "manifest.json").is_file()
+        _finished_like_reference(cluster, ns, steps)
+        assert _tier(cluster, ns) == "persistent"
+    finally:
+        cluster.kubectl("uncordon", node1, check=False)
+
+
+def test_a_dead_node_takes_a_rank_and_the_job_resumes_from_the_peer_copy_on_the_other_node(
+    cluster: LocalCluster, second_node: RealNode, node_ns: str, tmp_path: Path
+) -> None:
+    ns, steps = node_ns, 600
+    node0, node1 = cluster.real_node_list[0].name, second_node.name
+    policy = load_demo().demo_policy(save_steps=1_000_000)  # the persistent tier stays empty
+    policy["spec"]["localTier"] = {
+        "enabled": True,
+        "sizeLimit": "64Mi",
+        "periodSteps": 20,
+        "peerCopy": True,
+    }
+    _start_jobs(cluster, ns, tmp_path, policy, steps, node0, node1)
+    master, worker = _pods(JOB)
+
+    def copied() -> int | None:
+        """The newest step the worker holds, the master holds, and the master keeps the
+        worker's copy of, on the other node."""
+        own = complete_steps(cluster, ns, worker, LOCAL)
+        mine = complete_steps(cluster, ns, master, LOCAL)
+        kept = complete_steps(cluster, ns, master, f"{LOCAL}/peers/1")
+        common = own & mine & kept
+        return max(common) if common and max(common) >= 40 else None
+
+    at_loss = wait_for(copied, "the worker's copy in the master's ramdisk", timeout=240)
+    uid = pod_field(cluster, ns, worker, "{.metadata.uid}")
+    pids = _pod_pids(second_node)
+    assert pids, f"no process in {node1}'s pod cgroups while its worker trains"
+    second_node.power_off()
+    assert not [p for p in pids if _alive(p)], "the dead node's pods kept processes"
+    assert not any(p.alive() for p in second_node.procs.values()), "its kubelet or containerd"
+    cluster.kubectl("delete", "node", node1)
+    _replaced_on(cluster, ns, worker, uid, node0)  # after pod GC's quarantine (40 s)
+
+    def resumed() -> dict | None:
+        rec = progress_record(cluster, ns, master)
+        return rec if rec.get("resumedFrom") else None
+
+    try:
+        rec = wait_for(resumed, "the job to resume", timeout=480)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}\n{diagnose(cluster, ns, (master, worker))}") from None
+    assert (rec.get("checkpointing") or {}).get("resumedTier") == "local (peer copy)", rec
+    step = int(rec["resumedFrom"].split("-")[1])
+    assert step >= at_loss, (step, at_loss)
+    _finished_like_reference(cluster, ns, steps)
+    assert _tier(cluster, ns) == "local (peer copy)"
