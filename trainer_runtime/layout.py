@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -172,9 +172,12 @@ def remove_incomplete(root: str | os.PathLike[str]) -> list[int]:
     return removed
 
 
-def retain(root: str | os.PathLike[str], keep: int, generation: int = 0) -> list[int]:
+def retain(
+    root: str | os.PathLike[str], keep: int, generation: int = 0, spare: Collection[int] = ()
+) -> list[int]:
     """Keep the `keep` newest complete checkpoints of `generation` by commit order (at least the
-    newest); the steps deleted. Other generations are never touched.
+    newest), and those of the steps in `spare`; the steps deleted. Other generations are never
+    touched.
 
     Incomplete directories are left alone here: one may be a save still in progress. A manifest
     that cannot be read (OSError) stops retention this time: its place in commit order is
@@ -182,7 +185,7 @@ def retain(root: str | os.PathLike[str], keep: int, generation: int = 0) -> list
     """
     directory = generation_dir(root, generation)
     entries = with_sequences(root, scan_dir(directory, generation))
-    doomed = [e.step for e in expired(entries, generation, keep)]
+    doomed = [e.step for e in expired(entries, generation, keep) if e.step not in spare]
     for step in doomed:
         remove_tree(directory / checkpoint_dir_name(step))
     return doomed

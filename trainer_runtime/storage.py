@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import os
 import shutil
-from collections.abc import Hashable
+from collections.abc import Callable, Collection, Hashable
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
@@ -152,6 +152,8 @@ class LocalTier(Tier):
         self.root = str(root)
         self.name = name
         self.generation = 0
+        # Steps retention keeps beyond `keep` (the peer copies set it: peer_copy/service.py).
+        self.spare: Callable[[], Collection[int]] | None = None
 
     def __repr__(self) -> str:
         return f"LocalTier({self.name}, {self.root})"
@@ -198,7 +200,8 @@ class LocalTier(Tier):
         return handover.Directory(self.root)
 
     def retain(self, keep: int) -> list[int]:
-        return layout.retain(self.root, keep, self.generation)
+        spare = self.spare() if self.spare is not None else ()
+        return layout.retain(self.root, keep, self.generation, spare)
 
     def fetch(self, step: int, generation: int = 0) -> Path:
         return self.fetch_dir(step, generation)

@@ -85,3 +85,14 @@ def room(free_bytes: int, reserve_bytes: int) -> int:
     checkpoint needs (the size of its newest one), never below 0. The receiver's own checkpoints
     come first: a peer copy that does not fit is refused, never made room for."""
     return max(0, free_bytes - max(0, reserve_bytes))
+
+
+def describe_holdings(holdings: Mapping[int, Holding], plan: Mapping[int, int]) -> str:
+    """One line: each node's own steps and the copies it keeps, then what is fetched."""
+    parts = []
+    for index in sorted(holdings):
+        h = holdings[index]
+        kept = ", ".join(f"node {s}'s {sorted(steps)}" for s, steps in sorted(h.peers.items()))
+        parts.append(f"node {index} has {sorted(h.own)}, keeps {kept or 'nothing'}")
+    fetch = ", ".join(f"node {i} step {step}" for i, step in sorted(plan.items()))
+    return "; ".join(parts) + f"; fetching {fetch or 'nothing'}"

@@ -28,9 +28,9 @@ from ..protocol.agreement import Agreement
 from ..protocol.commit import Member, describe
 from ..storage import LocalTier
 from .client import FETCH_PREFIX, Peer, Pusher, fetch_copy, read_own_size
-from .ring import Holding, node_indices, plan_fetches, successor
+from .ring import Holding, describe_holdings, node_indices, plan_fetches, successor
 from .server import PeerServer
-from .store import PeerStore
+from .store import PeerStore, free_bytes_of
 
 log = logging.getLogger("trainer_runtime.peer_copy")
 
@@ -120,6 +120,7 @@ class PeerCopy:
             else:
                 self.server.store = self.store
                 self.server.token = token
+                self.local.spare = self._spared
         if (keeper := self.nodes[after].peer) is not None:
             self.pusher = Pusher(keeper, token, self.index, Path(self.local.root))
 
@@ -138,6 +139,27 @@ class PeerCopy:
         """The node's local checkpoint of `step` is committed: copy it to the successor."""
         if self.pusher is not None:
             self.pusher.offer(step)
+
+    def _spared(self) -> set[int]:
+        """The own steps the local tier's retention keeps beyond its count: those of the
+        predecessor's copies kept here. Node i's copy lags its commit (it is sent after), and a
+        replacement of node i can fetch its copy of step S only if every other node still has S
+        of its own: without this, the commit of S+1 here deleted S while node i's copy of S+1 was
+        still on its way, and losing node i then left nothing to resume from locally. Not when
+        the ramdisk would then lack room for this node's next checkpoint (its own come first),
+        nor when the copies cannot be listed."""
+        store = self.store
+        if store is None:
+            return set()
+        try:
+            steps = {step for kept in store.holding().values() for step in kept}
+            root = Path(self.local.root)
+            if steps and free_bytes_of(root) < read_own_size(root):
+                return set()
+        except OSError as e:
+            log.warning("kubeckpt: cannot list the peer copies kept here: %s", describe(e))
+            return set()
+        return steps
 
     # ------------------------------------------------------------------ restore
 
@@ -159,6 +181,8 @@ class PeerCopy:
         gathered = [g for g in io.all_gather(report) if g is not None]
         holdings = {index: Holding.from_wire(wire) for index, wire in gathered}
         plan = plan_fetches(holdings) if len(holdings) == len(self.nodes) else {}
+        if self.me.rank == 0:  # what the plan was made of: why a lost node fetched or did not
+            log.info("kubeckpt: peer copies at restore: %s", describe_holdings(holdings, plan))
         fetched: int | None = None
         if self.coordinator and self.index in plan:
             step = plan[self.index]
@@ -193,6 +217,8 @@ class PeerCopy:
 
     def close(self) -> None:
         """Stop pushing and serving (idempotent)."""
+        if self.local.spare == self._spared:
+            self.local.spare = None
         pusher, self.pusher = self.pusher, None
         if pusher is not None:
             pusher.close()

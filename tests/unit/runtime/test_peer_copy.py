@@ -428,6 +428,61 @@ def test_a_replaced_node_restores_from_its_successors_copy(job, tmp_path: Path) 
     assert (kept / "rank-1.json").read_bytes() == before
 
 
+def test_a_copy_still_on_its_way_keeps_the_step_it_replaces_restorable(job, tmp_path: Path) -> None:
+    """Node 1's copy of step 3 never arrives (as when node 1 dies while sending it): node 0 keeps
+    node 1's copy of step 2, so its retention keeps its own step 2 beside 3 (one is its count),
+    and a replacement of node 1 resumes at step 2 from the ramdisks, not from the persistent tier.
+    Without the spare, node 0 held only its own step 3 and the copy of 2 was useless."""
+    j = _peer_job(job, tmp_path, 2)
+
+    def rank(r: int) -> None:
+        c = j.ckpts[r]
+        assert c.peer is not None
+        for step in (1, 2, 3):
+            if step == 3:
+                c.session.wait()
+                assert c.peer.pusher is not None and c.peer.pusher.wait_idle(30)
+                c.io.barrier()  # both copies of step 2 are kept before either commits 3
+                if r == 1:  # its copy of step 3 goes nowhere
+                    c.peer.pusher.close()
+                    c.peer.pusher = None
+            d = c.decide(step)
+            c.save(step, lambda s=step: ToySave(r, [s, r]), persistent=d.persistent, local=d.local)
+        c.session.wait()
+        c.close()
+
+    run_ranks(2, rank)
+    assert sorted(p.name for p in (tmp_path / "ramdisk-0" / "peers" / "1").iterdir()) == [
+        "checkpoint-2"
+    ]
+    assert sorted(e.step for e in layout.scan(tmp_path / "ramdisk-0")) == [2, 3]
+    shutil.rmtree(tmp_path / "ramdisk-1")
+    k = _peer_job(job, tmp_path, 2)
+    restored = run_ranks(2, lambda r: k.ckpts[r].restore(ToyLoader(r)))
+    assert [(x.step, x.tier.name) for x in restored] == [(2, "local")] * 2
+    assert [c.resumed_tier for c in k.ckpts] == [TIER_LABEL] * 2
+
+
+def test_the_spare_gives_way_when_the_next_own_checkpoint_would_not_fit(
+    job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node's own checkpoints come first: with less room left than its newest checkpoint's
+    size, retention keeps its count only, whatever copies it keeps."""
+    j = _peer_job(job, tmp_path, 2)
+    run_ranks(2, lambda r: j.ckpts[r].peer.setup(j.ckpts[r].io))  # type: ignore[union-attr]
+    peer = j.ckpts[0].peer
+    assert peer is not None and peer.store is not None
+    _checkpoint(tmp_path / "ramdisk-0", 5, {"rank-0.json": b"x" * 100})
+    _checkpoint(peer.store.root / "1", 4, {"rank-1.json": b"y" * 100})
+    assert j.ckpts[0].local.spare is not None and j.ckpts[0].local.spare() == {4}
+    # Less room than the newest own checkpoint's 100 bytes (and its manifest).
+    monkeypatch.setattr("trainer_runtime.peer_copy.service.free_bytes_of", lambda root: 99)
+    assert j.ckpts[0].local.spare() == set()
+    for c in j.ckpts:
+        c.close()
+    assert j.ckpts[0].local.spare is None  # closed: retention as without peer copies
+
+
 def test_a_corrupt_peer_copy_is_rejected_and_the_restore_falls_back(job, tmp_path: Path) -> None:
     _train_and_copy(job, tmp_path, 2, range(1, 4))
     kept = tmp_path / "ramdisk-0" / "peers" / "1" / "checkpoint-3" / "rank-1.json"

@@ -7,6 +7,7 @@ import json
 
 from trainer_runtime.peer_copy.ring import (
     Holding,
+    describe_holdings,
     node_indices,
     plan_fetches,
     predecessor,
@@ -80,3 +81,16 @@ def test_the_room_leaves_the_nodes_own_next_checkpoint_its_space() -> None:
     assert room(free_bytes=1000, reserve_bytes=300) == 700
     assert room(free_bytes=200, reserve_bytes=300) == 0
     assert room(free_bytes=200, reserve_bytes=-5) == 200
+
+
+def test_the_restore_summary_names_what_each_node_has_and_what_is_fetched() -> None:
+    holdings = {
+        0: Holding(own={40: 2, 60: 3}, peers={1: {60: 3}}),
+        1: Holding(own={}, peers={}),
+    }
+    line = describe_holdings(holdings, plan_fetches(holdings))
+    assert line == (
+        "node 0 has [40, 60], keeps node 1's [60]; node 1 has [], keeps nothing; "
+        "fetching node 1 step 60"
+    )
+    assert describe_holdings({0: Holding(), 1: Holding()}, {}).endswith("fetching nothing")
