@@ -33,17 +33,19 @@ from localcluster.images import MissingImages
 from localcluster.node import CGROUP_ROOT, NodeUnavailable, RealNode, cgroup_parent
 from localcluster.pods import running, wait_pod
 from tests.support.node_pods import (
-    complete_steps,
+    demo_namespace,
     diagnose,
-    job_succeeded,
     load_demo,
+    peer_copy_policy,
     pod_field,
     progress_record,
+    same_final_parameters,
+    wait_resumed,
+    worker_copy_kept,
 )
 
 JOB = "two-nodes"
 REFERENCE = "two-nodes-reference"  # the same job, uninterrupted, all on node 0
-LOCAL = "/var/run/kubeckpt/local"
 HOSTNAME = "kubernetes.io/hostname"
 RESUMED = re.compile(r"resumed from (checkpoint-(\d+)) at step (\d+)")
 
@@ -105,18 +107,7 @@ def _start_jobs(
     """The PV, the script, the policy; JOB across both nodes and REFERENCE on node 0. Returns
     the PersistentVolume's host directory."""
     demo = load_demo()
-    cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
-    storage = tmp_path / "volume"
-    for name in (JOB, REFERENCE):
-        (storage / "runs" / ns / name).mkdir(parents=True)
-    for p in storage.rglob("*"):
-        p.chmod(0o777)
-    storage.chmod(0o777)
-    cluster.apply(demo.storage_objects(storage, ns))
-    script = Path(__file__).resolve().parents[2] / "hack" / "demo" / "train.py"
-    cluster.kubectl("create", "configmap", "train", "-n", ns, f"--from-file=train.py={script}")
-    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", ns, "--from-literal=token=x")
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(policy))
+    storage = demo_namespace(cluster, ns, tmp_path, policy, [JOB, REFERENCE])
     job = _place(demo.demo_job(JOB, steps, 0.05, tolerate=True), node0, node1)
     reference = _place(demo.demo_job(REFERENCE, steps, 0.05, tolerate=True), node0, node0)
     for obj in (job, reference):
@@ -142,16 +133,6 @@ def _replaced_on(cluster: LocalCluster, ns: str, pod: str, uid: str, node: str) 
     )
     wait_pod(cluster, ns, pod, running, "running", timeout=180)
     assert pod_field(cluster, ns, pod, "{.spec.nodeName}") == node
-
-
-def _finished_like_reference(cluster: LocalCluster, ns: str, steps: int) -> None:
-    digests = {}
-    for name in (JOB, REFERENCE):
-        wait_for(lambda n=name: job_succeeded(cluster, ns, n), f"{name} to succeed", timeout=300)
-        out = cluster.kubectl("logs", f"{name}-master-0", "-n", ns, "-c", "pytorch").stdout
-        assert f"finished at step {steps}" in out, out[-2000:]
-        digests[name] = re.findall(r"final parameters sha256 (\w+)", out)
-    assert digests[JOB] and digests[JOB] == digests[REFERENCE], digests
 
 
 def _pod_pids(node: RealNode) -> set[int]:
@@ -217,7 +198,7 @@ def test_a_drained_node_moves_its_rank_and_the_job_resumes_at_the_jit_step(
         assert set(at.values()) == {(jit_step, jit_step)}, at  # one step, on both ranks
         assert jit_step >= before, (jit_step, before)  # no step lost
         assert (storage / "runs" / ns / JOB / f"checkpoint-{jit_step}" / "manifest.json").is_file()
-        _finished_like_reference(cluster, ns, steps)
+        same_final_parameters(cluster, ns, (JOB, REFERENCE), steps)
         assert _tier(cluster, ns) == "persistent"
     finally:
         cluster.kubectl("uncordon", node1, check=False)
@@ -228,26 +209,11 @@ def test_a_dead_node_takes_a_rank_and_the_job_resumes_from_the_peer_copy_on_the_
 ) -> None:
     ns, steps = node_ns, 600
     node0, node1 = cluster.real_node_list[0].name, second_node.name
-    policy = load_demo().demo_policy(save_steps=1_000_000)  # the persistent tier stays empty
-    policy["spec"]["localTier"] = {
-        "enabled": True,
-        "sizeLimit": "64Mi",
-        "periodSteps": 20,
-        "peerCopy": True,
-    }
-    _start_jobs(cluster, ns, tmp_path, policy, steps, node0, node1)
-    master, worker = _pods(JOB)
-
-    def copied() -> int | None:
-        """The newest step the worker holds, the master holds, and the master keeps the
-        worker's copy of, on the other node."""
-        own = complete_steps(cluster, ns, worker, LOCAL)
-        mine = complete_steps(cluster, ns, master, LOCAL)
-        kept = complete_steps(cluster, ns, master, f"{LOCAL}/peers/1")
-        common = own & mine & kept
-        return max(common) if common and max(common) >= 40 else None
-
-    at_loss = wait_for(copied, "the worker's copy in the master's ramdisk", timeout=240)
+    _start_jobs(cluster, ns, tmp_path, peer_copy_policy(), steps, node0, node1)
+    worker = _pods(JOB)[1]
+    at_loss = wait_for(
+        lambda: worker_copy_kept(cluster, ns, JOB), "the worker's copy on node 0", timeout=240
+    )
     uid = pod_field(cluster, ns, worker, "{.metadata.uid}")
     pids = _pod_pids(second_node)
     assert pids, f"no process in {node1}'s pod cgroups while its worker trains"
@@ -257,16 +223,9 @@ def test_a_dead_node_takes_a_rank_and_the_job_resumes_from_the_peer_copy_on_the_
     cluster.kubectl("delete", "node", node1)
     _replaced_on(cluster, ns, worker, uid, node0)  # after pod GC's quarantine (40 s)
 
-    def resumed() -> dict | None:
-        rec = progress_record(cluster, ns, master)
-        return rec if rec.get("resumedFrom") else None
-
-    try:
-        rec = wait_for(resumed, "the job to resume", timeout=480)
-    except TimeoutError as e:
-        raise AssertionError(f"{e}\n{diagnose(cluster, ns, (master, worker))}") from None
+    rec = wait_resumed(cluster, ns, JOB)
     assert (rec.get("checkpointing") or {}).get("resumedTier") == "local (peer copy)", rec
     step = int(rec["resumedFrom"].split("-")[1])
     assert step >= at_loss, (step, at_loss)
-    _finished_like_reference(cluster, ns, steps)
+    same_final_parameters(cluster, ns, (JOB, REFERENCE), steps)
     assert _tier(cluster, ns) == "local (peer copy)"

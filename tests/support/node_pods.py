@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from localcluster import LocalCluster
+from localcluster import LocalCluster, wait_for
 from localcluster.addon import real_node_placement
 from localcluster.cluster import KWOK_TAINT
 from localcluster.images import IMAGES
@@ -50,6 +51,69 @@ def job_succeeded(cluster: LocalCluster, ns: str, job: str) -> bool:
     return any(c["type"] == "Succeeded" and c["status"] == "True" for c in conds)
 
 
+LOCAL = "/var/run/kubeckpt/local"  # the ramdisk tier in the training container
+
+
+def demo_namespace(
+    cluster: LocalCluster, ns: str, tmp_path: Path, policy: dict[str, Any], jobs: list[str]
+) -> Path:
+    """The demo's objects in `ns`, ready for its PyTorchJobs `jobs`: injection on, a
+    PersistentVolume over a host directory (a directory per job), the training script, the token
+    Secret, `policy`. Returns the volume's directory."""
+    demo = load_demo()
+    cluster.kubectl("label", "namespace", ns, "kubeckpt.io/inject=enabled")
+    storage = tmp_path / "volume"
+    for name in jobs:
+        (storage / "runs" / ns / name).mkdir(parents=True)
+    for p in storage.rglob("*"):
+        p.chmod(0o777)
+    storage.chmod(0o777)
+    cluster.apply(demo.storage_objects(storage, ns))
+    script = REPO / "hack" / "demo" / "train.py"
+    cluster.kubectl("create", "configmap", "train", "-n", ns, f"--from-file=train.py={script}")
+    cluster.kubectl("create", "secret", "generic", "hf-token", "-n", ns, "--from-literal=token=x")
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(policy))
+    return storage
+
+
+def peer_copy_policy() -> dict[str, Any]:
+    """The demo's policy with a local tier every 20 steps and peer copies, the persistent tier's
+    period out of reach (it stays empty)."""
+    policy = load_demo().demo_policy(save_steps=1_000_000)
+    policy["spec"]["localTier"] = {
+        "enabled": True,
+        "sizeLimit": "64Mi",
+        "periodSteps": 20,
+        "peerCopy": True,
+    }
+    return policy
+
+
+def worker_copy_kept(cluster: LocalCluster, ns: str, job: str, at_least: int = 40) -> int | None:
+    """The newest step (from `at_least`) that `job`'s worker holds, its master holds, and its
+    master keeps the worker's copy of (node 1's, in `peers/1/`): what a replacement worker can
+    fetch. None until there is one."""
+    master, worker = f"{job}-master-0", f"{job}-worker-0"
+    own = complete_steps(cluster, ns, worker, LOCAL)
+    mine = complete_steps(cluster, ns, master, LOCAL)
+    kept = complete_steps(cluster, ns, master, f"{LOCAL}/peers/1")
+    common = own & mine & kept
+    return max(common) if common and max(common) >= at_least else None
+
+
+def same_final_parameters(
+    cluster: LocalCluster, ns: str, jobs: tuple[str, str], steps: int
+) -> None:
+    """Both PyTorchJobs succeed at `steps` with bitwise equal final parameters."""
+    digests = {}
+    for name in jobs:
+        wait_for(lambda n=name: job_succeeded(cluster, ns, n), f"{name} to succeed", timeout=300)
+        out = cluster.kubectl("logs", f"{name}-master-0", "-n", ns, "-c", "pytorch").stdout
+        assert f"finished at step {steps}" in out, out[-2000:]
+        digests[name] = re.findall(r"final parameters sha256 (\w+)", out)
+    assert digests[jobs[0]] and digests[jobs[0]] == digests[jobs[1]], digests
+
+
 def pod_sh(cluster: LocalCluster, ns: str, pod: str, script: str) -> str:
     """`script` run by `sh -c` in `pod`'s training container: its stdout, or "" when it failed."""
     p = cluster.kubectl(
@@ -70,17 +134,49 @@ def pod_field(cluster: LocalCluster, ns: str, pod: str, jsonpath: str) -> str:
     return p.stdout.strip() if p.returncode == 0 else ""
 
 
+# A peer keeping its ring predecessor's copy logs this at every local checkpoint: noise when the
+# question is how a run started and ended.
+ROUTINE = re.compile(r"^kubeckpt: keeping node \d+'s copy of step \d+ ")
+
+
 def diagnose(cluster: LocalCluster, ns: str, pods: tuple[str, ...]) -> str:
-    """The pods, their processes and their logs (this run's and the previous container's)."""
+    """The pods, their processes and their logs (this run's and the previous container's), all
+    but the routine peer-copy lines: the restore's decisions are at the start of a run."""
     out = [cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout]
     for name in pods:
         out.append(f"--- {name}: processes")
         out.append(pod_sh(cluster, ns, name, "ps -eo pid,stat,etime,args 2>/dev/null || ls /proc"))
         for previous in ("--previous", ""):
-            args = ("logs", name, "-n", ns, "-c", "pytorch", "--tail=30")
+            args = ("logs", name, "-n", ns, "-c", "pytorch")
             logs = cluster.kubectl(*args, *((previous,) if previous else ()), check=False)
-            out.append(f"--- {name} logs {previous}\n{logs.stdout}{logs.stderr}")
+            lines = [line for line in logs.stdout.splitlines() if not ROUTINE.match(line)]
+            text = "\n".join(lines[-80:])
+            out.append(f"--- {name} logs {previous}\n{text}\n{logs.stderr}")
     return "\n".join(out)
+
+
+def wait_resumed(cluster: LocalCluster, ns: str, job: str, timeout: float = 480) -> dict[str, Any]:
+    """The progress record of `job`'s master once it says the run resumed. Fails with the pods'
+    processes and logs on timeout, or at once when the job ends without having resumed (its
+    progress file is then out of reach, and waiting longer cannot help)."""
+    master, worker = f"{job}-master-0", f"{job}-worker-0"
+
+    def resumed() -> tuple[str, dict[str, Any]] | None:
+        rec = progress_record(cluster, ns, master)
+        if rec.get("resumedFrom"):
+            return "resumed", rec
+        if job_succeeded(cluster, ns, job):
+            return "ended", rec
+        return None
+
+    try:
+        how, rec = wait_for(resumed, f"{job} to resume", timeout=timeout)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}\n{diagnose(cluster, ns, (master, worker))}") from None
+    if how == "ended":
+        why = f"{job} succeeded without its master ever recording a resume"
+        raise AssertionError(f"{why}\n{diagnose(cluster, ns, (master, worker))}")
+    return rec
 
 
 def pod(name: str, containers: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
