@@ -438,13 +438,13 @@ class RealNode:
         """Node 0 holds the machine's lock and set up the host (iptables, forwarding, the crash
         record; its teardown removes every node's bridge and cgroups): a further node only needs
         its bridge and its cgroup parent."""
-        if not self.cluster_has_node_0():
+        if not self._node_0_started():
             raise NodeUnavailable(f"{self.name} needs the cluster's real node 0 started first")
         self.dir.mkdir(parents=True, exist_ok=True)
         self._bridge_up()
         self._cgroup_parent_up()
 
-    def cluster_has_node_0(self) -> bool:
+    def _node_0_started(self) -> bool:
         node = self.cluster.node
         return isinstance(node, RealNode) and node.started and node.index == 0
 
