@@ -157,16 +157,23 @@ def _cgroup_dirs(top: str) -> list[Path]:
     return found
 
 
+def cgroup_pids(top: str) -> set[int]:
+    """The processes in the cgroups under `top`, in every hierarchy."""
+    pids: set[int] = set()
+    for d in _cgroup_dirs(top):
+        with contextlib.suppress(OSError, ValueError):
+            pids.update(int(pid) for pid in (d / "cgroup.procs").read_text().split())
+    return pids
+
+
 def _kill_cgroup_tree(top: str = "kubepods") -> int:
     """SIGKILL every process in the kubelet's cgroups and remove the cgroups; returns how many
     processes were signalled."""
     killed = 0
-    for d in _cgroup_dirs(top):
-        with contextlib.suppress(OSError):
-            for pid in (d / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
-                    killed += 1
+    for pid in cgroup_pids(top):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
     for _ in range(50):
         dirs = _cgroup_dirs(top)
         for d in dirs:
@@ -268,15 +275,15 @@ def _delete_node_bridges() -> None:
         _delete_bridge(name)
 
 
-def cgroup_parent(index: int) -> str:
-    """The cgroup under which node `index`'s kubelet puts its pods: the default for node 0
-    (`/kubepods`), a top-level cgroup of its own for the others, so that two kubelets on one host
+def pod_cgroups(index: int) -> str:
+    """The top-level cgroup that holds node `index`'s pods: the kubelet's default `kubepods` for
+    node 0; for the others a cgroupRoot named for the node, so that two kubelets on one host
     never manage (or kill) each other's pods."""
-    return "" if index == 0 else f"kubeckpt-node-{index}"
+    return "kubepods" if index == 0 else node_name(index)
 
 
 def _extra_cgroup_tops() -> list[str]:
-    """The cgroups of nodes other than node 0 that exist on the host (after a crash too)."""
+    """The pod_cgroups of nodes other than node 0 on the host (after a crash too)."""
     tops: set[str] = set()
     with contextlib.suppress(OSError):
         for sub in CGROUP_ROOT.iterdir():
@@ -381,6 +388,7 @@ class RealNode:
         self.ip = node_ip(self.index)
         self.bridge = bridge_name(self.index)
         self.subnet = pod_subnet(self.index)
+        self.pod_cgroups = pod_cgroups(self.index)
         # Node 0 keeps the names it always had (logs, ports, files); the others get a suffix.
         self.suffix = "" if self.index == 0 else f"-{self.index}"
         self.dir = self.cluster.workdir / f"node{self.suffix}"
@@ -466,15 +474,15 @@ class RealNode:
         kubelet = self.procs.pop("kubelet", None)
         if kubelet is not None:
             kubelet.stop(timeout=5)
-        if self.index:
-            self._stop_further_node()
-            return
-        _kill_cgroup_tree()
+        _kill_cgroup_tree(self.pod_cgroups)
         if "containerd" in self.procs and self.procs["containerd"].alive():
             self._remove_containers()
         for name in reversed(list(self.procs)):
             self.procs[name].stop(timeout=5)
         self.procs.clear()
+        if self.index:
+            self._undo_further_node()
+            return
         teardown_host(self.record.data)
         with contextlib.suppress(OSError):
             self.record.path.unlink()
@@ -482,16 +490,10 @@ class RealNode:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def _stop_further_node(self) -> None:
-        top = cgroup_parent(self.index)
-        _kill_cgroup_tree(top)
-        if "containerd" in self.procs and self.procs["containerd"].alive():
-            self._remove_containers()
-        for name in reversed(list(self.procs)):
-            self.procs[name].stop(timeout=5)
-        self.procs.clear()
+    def _undo_further_node(self) -> None:
+        """Node 0's teardown_host, for this node's part of the host only."""
         _kill_matching(f"{self.ctrd_dir}/")  # shims left by a killed containerd
-        _kill_cgroup_tree(top)
+        _kill_cgroup_tree(self.pod_cgroups)
         _unmount_under(self.dir)
         _unmount_under(self.ctrd_dir)
         _delete_bridge(self.bridge)
@@ -509,7 +511,7 @@ class RealNode:
             if name in self.procs:
                 self.procs[name].kill()
         _kill_matching(f"{self.ctrd_dir}/")
-        _kill_cgroup_tree(cgroup_parent(self.index) or "kubepods")
+        _kill_cgroup_tree(self.pod_cgroups)
 
     # --- network ---
     def _bridge_up(self) -> None:
@@ -521,11 +523,10 @@ class RealNode:
     def _cgroup_parent_up(self) -> None:
         """The kubelet refuses a cgroupRoot that does not exist in every hierarchy; cpuset's
         needs its CPUs and memory nodes before any process may join a child of it."""
-        top = cgroup_parent(self.index)
         for hierarchy in CGROUP_ROOT.iterdir():
             if not (hierarchy / "cgroup.procs").exists():
                 continue
-            d = hierarchy / top
+            d = hierarchy / self.pod_cgroups
             d.mkdir(exist_ok=True)
             for knob in ("cpuset.cpus", "cpuset.mems"):
                 if (d / knob).exists() and not (d / knob).read_text().strip():
@@ -790,7 +791,7 @@ class RealNode:
             "maxPods": 110,
         }
         if self.index:
-            config["cgroupRoot"] = "/" + cgroup_parent(self.index)
+            config["cgroupRoot"] = "/" + self.pod_cgroups
         path = self.dir / "kubelet.yaml"
         path.write_text(yaml.safe_dump(config))
         argv = [

@@ -30,7 +30,7 @@ import pytest
 from localcluster import LocalCluster, wait_for
 from localcluster import addon as kubeckpt_addon
 from localcluster.images import MissingImages
-from localcluster.node import CGROUP_ROOT, NodeUnavailable, RealNode, cgroup_parent
+from localcluster.node import NodeUnavailable, RealNode, cgroup_pids
 from localcluster.pods import running, wait_pod
 from tests.support.node_pods import (
     demo_namespace,
@@ -113,10 +113,10 @@ def _start_jobs(
     for obj in (job, reference):
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj))
     for name in (JOB, REFERENCE):
-        for pod in (f"{name}-master-0", f"{name}-worker-0"):
+        for pod in _pods(name):
             wait_pod(cluster, ns, pod, running, "running", timeout=180)
     placed = {p: pod_field(cluster, ns, p, "{.spec.nodeName}") for p in _pods(JOB)}
-    assert placed == {f"{JOB}-master-0": node0, f"{JOB}-worker-0": node1}, placed
+    assert placed == dict(zip(_pods(JOB), (node0, node1), strict=True)), placed
     return storage
 
 
@@ -133,17 +133,6 @@ def _replaced_on(cluster: LocalCluster, ns: str, pod: str, uid: str, node: str) 
     )
     wait_pod(cluster, ns, pod, running, "running", timeout=180)
     assert pod_field(cluster, ns, pod, "{.spec.nodeName}") == node
-
-
-def _pod_pids(node: RealNode) -> set[int]:
-    """The processes in `node`'s pod cgroups (its own cgroup parent: none of node 0's)."""
-    pids: set[int] = set()
-    for procs in CGROUP_ROOT.glob(f"*/{cgroup_parent(node.index)}/**/cgroup.procs"):
-        try:
-            pids.update(int(pid) for pid in procs.read_text().split())
-        except (OSError, ValueError):
-            continue
-    return pids
 
 
 def _alive(pid: int) -> bool:
@@ -215,7 +204,7 @@ def test_a_dead_node_takes_a_rank_and_the_job_resumes_from_the_peer_copy_on_the_
         lambda: worker_copy_kept(cluster, ns, JOB), "the worker's copy on node 0", timeout=240
     )
     uid = pod_field(cluster, ns, worker, "{.metadata.uid}")
-    pids = _pod_pids(second_node)
+    pids = cgroup_pids(second_node.pod_cgroups)
     assert pids, f"no process in {node1}'s pod cgroups while its worker trains"
     second_node.power_off()
     assert not [p for p in pids if _alive(p)], "the dead node's pods kept processes"

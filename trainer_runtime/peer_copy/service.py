@@ -30,7 +30,7 @@ from ..storage import LocalTier
 from .client import FETCH_PREFIX, Peer, Pusher, fetch_copy, read_own_size
 from .ring import Holding, describe_holdings, node_indices, plan_fetches, successor
 from .server import PeerServer
-from .store import PeerStore, free_bytes_of
+from .store import PeerStore
 
 log = logging.getLogger("trainer_runtime.peer_copy")
 
@@ -153,8 +153,7 @@ class PeerCopy:
             return set()
         try:
             steps = {step for kept in store.holding().values() for step in kept}
-            root = Path(self.local.root)
-            if steps and free_bytes_of(root) < read_own_size(root):
+            if steps and store.free_bytes() < store.reserve_bytes():
                 return set()
         except OSError as e:
             log.warning("kubeckpt: cannot list the peer copies kept here: %s", describe(e))
