@@ -2,7 +2,8 @@
 time a peer copy costs per checkpoint.
 
 Usage: PYTHONPATH=.:hack python hack/bench/peer_copy.py [--dir DIR] [--persistent-dir DIR]
-       [--mib 256] [--rounds 3] [--nodes 2] [--steps 40] [--step sleep|busy] [--s3]
+       [--mib 256] [--rounds 3] [--nodes 2] [--steps 160] [--period 20] [--step sleep|busy]
+       [--s3] [--only restore|cost]
 
 N simulated nodes (threads of one process, one rank each: tests/support/simulated_ranks.py),
 each with its ramdisk directory under --dir (a tmpfs such as /dev/shm stands in for the pod's
@@ -17,9 +18,10 @@ written as one file. One run saves the same step to the local tier and the persi
                          a replacement pod on another node reads them cold), and with --s3 a
                          bucket on a local SeaweedFS
            the same state each time (the loaded bytes are compared with the saved ones).
-  cost     a training loop of steps, a local checkpoint every 5 steps: the time the loop loses
-           per checkpoint against the same loop without checkpoints, with peer copies off (the
-           local tier alone) and on. The target: on / off <= 1.2x. A step is `--step sleep` (50
+  cost     a training loop of steps, a local checkpoint every --period steps: the time the loop
+           loses per checkpoint against the same loop without checkpoints, with peer copies off
+           (the local tier alone) and on, and how many copies the keepers accepted. The target:
+           on / off <= 1.2x. A step is `--step sleep` (50
            ms: the host thread of a GPU step waits, the CPU is free, as on a training node) or
            `busy` (hashing a 64 MiB buffer: every core the job has is taken, so any copy's CPU
            time is training time; the worst case, not a GPU node's).
@@ -189,8 +191,11 @@ def _evict(directory: Path) -> None:
                 os.close(fd)
 
 
-def loop_seconds(base: Path, n: int, blobs: list[bytes], steps: int, mode: str, kind: str) -> float:
-    """The training loop's wall time: "none" (no checkpoints), "local" or "peer"."""
+def loop_seconds(
+    base: Path, n: int, blobs: list[bytes], steps: int, mode: str, kind: str, period: int
+) -> tuple[float, int]:
+    """The training loop's wall time, "none" (no checkpoints), "local" or "peer", with a local
+    checkpoint every `period` steps; and how many peer copies the keepers accepted meanwhile."""
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
     ckpts = _job(base, n, str(base / "persistent"), peer=mode == "peer")
@@ -204,15 +209,16 @@ def loop_seconds(base: Path, n: int, blobs: list[bytes], steps: int, mode: str, 
         for step in range(1, steps + 1):
             _step(kind, buffer)
             c.observe(step)
-            if mode != "none" and step % PERIOD == 0:
+            if mode != "none" and step % period == 0:
                 c.save(step, lambda: BlobSave(r, blobs[r]), persistent=False, local=True)
             c.session.reap()
         c.session.wait()
         return time.perf_counter() - started
 
     took = max(run_ranks(n, rank, timeout=1200))
+    kept = sum(len(c.peer.pusher.pushed) for c in ckpts if c.peer and c.peer.pusher)
     _close(ckpts)
-    return took
+    return took, kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,10 +227,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mib", type=int, default=256, help="state per rank")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=160)
+    parser.add_argument(
+        "--period",
+        type=int,
+        default=20,
+        help="steps between local checkpoints (5: the node writes its own checkpoints back to "
+        "back, with no time left for a copy)",
+    )
     parser.add_argument("--step", choices=("sleep", "busy"), default="sleep")
     parser.add_argument("--persistent-dir", default=tempfile.gettempdir(), help="on disk")
     parser.add_argument("--s3", action="store_true", help="also restore from SeaweedFS's S3")
+    parser.add_argument("--only", choices=("restore", "cost"), help="one part of the bench")
     args = parser.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="kubeckpt-peer-bench-", dir=args.dir))
     blobs = [os.urandom(args.mib * 1024 * 1024) for _ in range(args.nodes)]
@@ -243,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
             weed.create_bucket("bench")
             os.environ.update(weed.aws_env())
             persistent["s3"] = "s3://bench/job"
-        print("\nrestore after losing node 1, seconds until every rank has loaded:")
-        for name, uri in persistent.items():  # one run each: its peer copy beside its tier
+        restores = persistent if args.only != "cost" else {}
+        if restores:
+            print("\nrestore after losing node 1, seconds until every rank has loaded:")
+        for name, uri in restores.items():  # one run each: its peer copy beside its tier
             run = base / f"restore-{name}"
             run.mkdir()
             times = restore_times(run, args.nodes, blobs, uri, args.rounds)
@@ -254,13 +270,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} run: peer copy      {spread(peer)}")
             print(f"  {name} run: persistent     {spread(theirs)}")
             print(f"  {name} run: peer / persistent {spread(ratios)} (per round)")
+        if args.only == "restore":
+            return 0
         cost: dict[str, list[float]] = {"none": [], "local": [], "peer": []}
+        kept: list[int] = []
         for _ in range(args.rounds):
             for mode in cost:
-                cost[mode].append(
-                    loop_seconds(base / "loop", args.nodes, blobs, args.steps, mode, args.step)
+                took, copies = loop_seconds(
+                    base / "loop", args.nodes, blobs, args.steps, mode, args.step, args.period
                 )
-        saves = args.steps // PERIOD
+                cost[mode].append(took)
+                if mode == "peer":
+                    kept.append(copies)
+        saves = args.steps // args.period
         lost = {
             m: [(t - b) / saves for t, b in zip(cost[m], cost["none"], strict=True)] for m in cost
         }
@@ -271,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  local tier alone    {spread(lost['local'])}")
         print(f"  with peer copies    {spread(lost['peer'])}")
         print(f"  peer / local        {target(lost['peer'], lost['local'], 1.2, at_most=True)}")
+        print(
+            f"  peer copies kept    {kept} of {saves * args.nodes} checkpoints per round "
+            "(a copy superseded by a newer checkpoint before it was sent is skipped)"
+        )
     finally:
         if weed is not None:
             weed.stop()

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -21,6 +22,7 @@ from urllib.parse import quote
 from .. import layout
 from ..contract import MANIFEST_FILE, Manifest, checksum_available, read_manifest
 from ..fsutil import PEER_COPY_NICE, lower_thread_priority
+from .gate import SaveGate
 from .hashed_write import BodyEnded, write_hashed
 from .server import CHECKSUM_HEADER, PREFIX
 
@@ -28,6 +30,13 @@ log = logging.getLogger("trainer_runtime.peer_copy")
 
 TIMEOUT_SECONDS: Final = 60.0  # one socket operation, not the whole copy
 BLOCK_BYTES: Final = 1024 * 1024
+# A file is sent in pieces of this size, so that a push pauses soon while the node writes a
+# checkpoint of its own (gate.py).
+PIECE_BYTES: Final = 16 * 1024 * 1024
+CLOSE_WAIT_SECONDS: Final = 5.0  # a push in progress gets this long to stop at close
+# This many local checkpoints in a row superseded before their copy started: the node writes its
+# own faster than a copy can be sent between them (gate.py), and it is said once per such run.
+LAG_WARNING_SKIPS: Final = 3
 FETCH_PREFIX: Final = ".peer-fetch-"
 
 
@@ -63,11 +72,17 @@ def _expect(response: http.client.HTTPResponse, status: int, what: str) -> bytes
 
 
 def _put(
-    conn: http.client.HTTPConnection, url: str, body: Any, headers: dict[str, str], what: str
+    conn: http.client.HTTPConnection,
+    url: str,
+    body: Any,
+    headers: dict[str, str],
+    what: str,
+    pause: Callable[[], object] | None = None,
 ) -> None:
-    """One PUT answered 201; a file body goes by sendfile (no copy through Python). A receiver
-    that refuses before reading the body (401, 413) may close the connection while it is still
-    sent: its answer is read all the same, where it came."""
+    """One PUT answered 201; a file body goes by sendfile (no copy through Python), in pieces
+    with `pause` called before each. A receiver that refuses before reading the body (401,
+    413) may close the connection while it is still sent: its answer is read all the same,
+    where it came."""
     try:
         conn.putrequest("PUT", url, skip_accept_encoding=True)
         for name, value in headers.items():
@@ -77,7 +92,11 @@ def _put(
             conn.send(body)
         else:
             assert conn.sock is not None
-            conn.sock.sendfile(body, 0, int(headers["Content-Length"]))
+            size = int(headers["Content-Length"])
+            for offset in range(0, size, PIECE_BYTES):
+                if pause is not None:
+                    pause()
+                conn.sock.sendfile(body, offset, min(PIECE_BYTES, size - offset))
     except OSError as e:
         try:
             response = conn.getresponse()
@@ -96,9 +115,11 @@ def push_copy(
     directory: Path,
     *,
     superseded: threading.Event | None = None,
+    pause: Callable[[], object] | None = None,
 ) -> int:
     """Send the complete checkpoint in `directory` as `sender`'s copy of `step`: every file, then
-    the manifest. The bytes sent; PeerError when it did not complete (or was `superseded`)."""
+    the manifest. The bytes sent; PeerError when it did not complete (or was `superseded`
+    between two files). `pause` is called between pieces of a file (Pusher._pause)."""
     data = (directory / MANIFEST_FILE).read_bytes()
     manifest = Manifest.from_json(data)
     auth = {"Authorization": f"Bearer {token}"}
@@ -113,7 +134,7 @@ def push_copy(
                 if os.fstat(body.fileno()).st_size != f.size:
                     raise PeerError(f"{f.path}: changed since its manifest was written")
                 headers = {**auth, "Content-Length": str(f.size), CHECKSUM_HEADER: algorithm}
-                _put(conn, _url(sender, step, f.path), body, headers, f.path)
+                _put(conn, _url(sender, step, f.path), body, headers, f.path, pause)
             sent += f.size
         headers = {**auth, "Content-Length": str(len(data))}
         _put(conn, _url(sender, step, None), data, headers, MANIFEST_FILE)
@@ -170,14 +191,19 @@ class Pusher:
     """Pushes this node's committed local checkpoints to its ring successor, newest only, on a
     daemon thread. `offer` never blocks."""
 
-    def __init__(self, peer: Peer, token: str, sender: int, root: Path) -> None:
+    def __init__(
+        self, peer: Peer, token: str, sender: int, root: Path, gate: SaveGate | None = None
+    ) -> None:
         self.peer = peer
+        self.gate = gate
         self.token = token
         self.sender = sender
         self.root = root  # the ramdisk tier's root: checkpoint-<step>/ under it
         self.pushed: list[int] = []  # steps whose copy the successor accepted
         self.failures = 0
         self.last_error: str | None = None
+        self.skipped = 0  # offers superseded before their copy started, all together
+        self._skipped_in_row = 0
         self._offered: int | None = None
         self._busy = False
         self._superseded = threading.Event()
@@ -189,6 +215,17 @@ class Pusher:
     def offer(self, step: int) -> None:
         """A local checkpoint of `step` was committed: copy it to the peer (superseding older)."""
         with self._cond:
+            if self._offered is not None:
+                self.skipped += 1
+                self._skipped_in_row += 1
+                if self._skipped_in_row == LAG_WARNING_SKIPS:
+                    log.warning(
+                        "kubeckpt: peer copies lag: %d local checkpoints in a row were replaced "
+                        "by newer ones before their copy could start (the node's own saves come "
+                        "first); until one is copied, a lost node resumes from an older copy or "
+                        "the persistent tier. A longer local period leaves time for the copies",
+                        self._skipped_in_row,
+                    )
             self._offered = step
             self._superseded.set()  # a push in progress stops at its next file
             self._cond.notify_all()
@@ -198,11 +235,22 @@ class Pusher:
         with self._cond:
             return self._cond.wait_for(lambda: self._offered is None and not self._busy, timeout)
 
-    def close(self) -> None:
+    def close(self, wait: float = CLOSE_WAIT_SECONDS) -> None:
+        """Stop: a push in progress ends at its next piece (its gate closed first, by
+        PeerCopy.close, where it waits there); wait up to `wait` s for that."""
         with self._cond:
             self._closed = True
             self._superseded.set()
             self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(wait)
+
+    def _pause(self) -> None:
+        """Between two pieces: the node's own save first (gate.py), and a close ends the push."""
+        if self.gate is not None:
+            self.gate.wait()
+        if self._closed:
+            raise PeerError("closing")
 
     def _loop(self) -> None:
         lower_thread_priority(PEER_COPY_NICE)  # a copy's sending yields the CPU to training
@@ -224,8 +272,10 @@ class Pusher:
                     step,
                     directory,
                     superseded=self._superseded,
+                    pause=self._pause,
                 )
                 self.pushed.append(step)
+                self._skipped_in_row = 0
             except Exception as e:  # the peer copy is best effort: the persistent tier remains
                 if self._closed:  # the process is ending: nothing to report
                     log.info("kubeckpt: peer copy of step %d abandoned at close", step)

@@ -5,6 +5,7 @@ neither reads the file again to check it."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Final
 
@@ -18,11 +19,18 @@ class BodyEnded(Exception):
 
 
 def write_hashed(
-    target: Path, length: int, body: BinaryIO, algorithm: str, chunk: int = CHUNK_BYTES
+    target: Path,
+    length: int,
+    body: BinaryIO,
+    algorithm: str,
+    chunk: int = CHUNK_BYTES,
+    *,
+    pause: Callable[[], object] | None = None,
 ) -> str:
     """Write exactly `length` bytes of `body` to `target`, a new file (a leftover of the same
     name is replaced; never through a symlink), hashing them with `algorithm`; the hex digest.
-    A body that ends early raises BodyEnded, and any failure leaves no file."""
+    A body that ends early raises BodyEnded, and any failure leaves no file. `pause` is called
+    before each chunk (gate.SaveGate.wait: the node's own save first)."""
     if os.path.lexists(target):
         os.unlink(target)  # a retry of the same file
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -32,6 +40,8 @@ def write_hashed(
     left = length
     try:
         while left:
+            if pause is not None:
+                pause()
             n = body.readinto(view[: min(left, chunk)])  # type: ignore[attr-defined]
             if not n:
                 raise BodyEnded(f"{target.name}: body ended {left} bytes short")

@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, BinaryIO, Final
@@ -37,6 +38,7 @@ DRAIN_BYTES: Final = 4 * 1024 * 1024  # a refused body up to this size is read b
 # on the pod network may connect, so the threads (each may wait `_Handler.timeout` for headers)
 # are bounded and a connection past the bound is closed at once.
 MAX_CONNECTIONS: Final = 8
+STOP_WAIT_SECONDS: Final = 5.0
 
 
 def parse_path(path: str) -> tuple[int, int, str | None]:
@@ -82,8 +84,11 @@ class _Handler(BaseHTTPRequestHandler):
         if status >= 400:
             self.send_header("Connection", "close")  # the unread body must not be parsed
             self.close_connection = True
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the sender left (a push cut at close)
+            self.close_connection = True
 
     def _drain(self, body: _Counted, length: int) -> None:
         """Read what is left of a small refused body, so that closing the connection does not
@@ -211,9 +216,19 @@ class PeerServer(ThreadingHTTPServer):
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, wait: float = STOP_WAIT_SECONDS) -> None:
+        """Stop accepting, then wait up to `wait` s for the requests being served (a receive
+        whose sender has gone ends at once, and removes its partial copy)."""
         thread, self._thread = self._thread, None
         if thread is not None:
             self.shutdown()
             thread.join(5)
             self.server_close()
+        deadline = time.monotonic() + wait
+        taken = 0
+        while taken < MAX_CONNECTIONS and self._slots.acquire(
+            timeout=max(0.0, deadline - time.monotonic())
+        ):
+            taken += 1
+        for _ in range(taken):
+            self._slots.release()

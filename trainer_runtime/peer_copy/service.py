@@ -28,6 +28,7 @@ from ..protocol.agreement import Agreement
 from ..protocol.commit import Member, describe
 from ..storage import LocalTier
 from .client import FETCH_PREFIX, Peer, Pusher, fetch_copy, read_own_size
+from .gate import SaveGate
 from .ring import Holding, describe_holdings, node_indices, plan_fetches, successor
 from .server import PeerServer
 from .store import PeerStore
@@ -62,6 +63,9 @@ class PeerCopy:
         self.pusher: Pusher | None = None
         self.token: str | None = None
         self.fetched: dict[int, int] = {}  # node index -> step its part came from a peer copy
+        # Shut while this node writes a checkpoint of its own (Checkpointer.save): the copies
+        # it sends and keeps pause meanwhile.
+        self.gate = SaveGate()
 
     # ------------------------------------------------------------------ setup
 
@@ -111,7 +115,11 @@ class PeerCopy:
             root = Path(self.local.root)
             try:
                 self.store = PeerStore(
-                    root, self.index, len(self.nodes), reserve_bytes=lambda: read_own_size(root)
+                    root,
+                    self.index,
+                    len(self.nodes),
+                    reserve_bytes=lambda: read_own_size(root),
+                    gate=self.gate,
                 )
             except OSError as e:  # the ramdisk is not writable: this node keeps no copies
                 log.warning("kubeckpt: cannot keep peer copies in %s: %s", root, describe(e))
@@ -122,7 +130,7 @@ class PeerCopy:
                 self.server.token = token
                 self.local.spare = self._spared
         if (keeper := self.nodes[after].peer) is not None:
-            self.pusher = Pusher(keeper, token, self.index, Path(self.local.root))
+            self.pusher = Pusher(keeper, token, self.index, Path(self.local.root), self.gate)
 
     def successor_record(self) -> dict[str, Any] | None:
         """Where this node's copies go (the manifest's MANIFEST_PEER_COPY): its successor's node
@@ -216,6 +224,7 @@ class PeerCopy:
 
     def close(self) -> None:
         """Stop pushing and serving (idempotent)."""
+        self.gate.close()  # a paused push or receive goes on to see the close
         if self.local.spare == self._spared:
             self.local.spare = None
         pusher, self.pusher = self.pusher, None

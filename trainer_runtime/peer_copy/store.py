@@ -40,6 +40,7 @@ from ..contract import (
     write_manifest_atomic,
 )
 from ..contract.manifest import CHECKSUM_ALGORITHMS, check_relative_path
+from .gate import SaveGate
 from .hashed_write import BodyEnded, write_hashed
 from .ring import predecessor, room
 
@@ -90,8 +91,10 @@ class PeerStore:
         *,
         reserve_bytes: Callable[[], int],
         free_bytes: Callable[[], int] | None = None,
+        gate: SaveGate | None = None,
     ) -> None:
         self.root = peers_root(ramdisk)
+        self.gate = gate  # receiving pauses while the node writes a checkpoint of its own
         self.index = index
         self.nodes = nodes
         self.reserve_bytes = reserve_bytes
@@ -182,7 +185,7 @@ class PeerStore:
                 partial.mkdir(parents=True)
             target = self._inside(partial, rel, create=True)
             try:
-                size, digest = _receive(target, length, body, algorithm)
+                size, digest = _receive(target, length, body, algorithm, self.gate)
             except Refused as e:
                 self._refuse(e.status, e.reason)
             except TimeoutError:
@@ -291,11 +294,14 @@ class PeerStore:
         return fd, st.st_size
 
 
-def _receive(target: Path, length: int, body: BinaryIO, algorithm: str) -> tuple[int, str]:
+def _receive(
+    target: Path, length: int, body: BinaryIO, algorithm: str, gate: SaveGate | None
+) -> tuple[int, str]:
     """Write exactly `length` bytes of `body` to a new `target`, hashing them; a body that ends
     early is refused and leaves no file."""
+    pause = gate.wait if gate is not None else None
     try:
-        return length, write_hashed(target, length, body, algorithm)
+        return length, write_hashed(target, length, body, algorithm, pause=pause)
     except BodyEnded as e:
         raise Refused(400, str(e)) from None
 

@@ -366,7 +366,16 @@ class Checkpointer:
             return None
         started = time.monotonic()
         self.staging_tiers = tiers
-        staged = stage()
+        # The node's own local save first: its peer copies pause until it is written.
+        peer = self._peer if any(t is self.local for t in tiers) else None
+        if peer is not None:
+            peer.gate.hold()
+        try:
+            staged = stage()
+        except BaseException:
+            if peer is not None:
+                peer.gate.release()
+            raise
         stall = time.monotonic() - started
         if persistent:
             self.schedule.restart_interval()
@@ -379,6 +388,7 @@ class Checkpointer:
             started=started,
             stall=stall,
             blocking=blocking,
+            written=peer.gate.release if peer is not None else None,
         )
 
     def end_agreement(self, *, rejoin: bool = False) -> None:

@@ -129,14 +129,21 @@ class SaveSession:
         started: float,
         stall: float,
         blocking: bool = False,
+        written: Callable[[], None] | None = None,
     ) -> SaveResult | None:
-        """Persist `staged` to `tiers` on the writer thread; with `blocking`, its result."""
+        """Persist `staged` to `tiers` on the writer thread; with `blocking`, its result.
+        `written` is called on the writer thread once the save is written or has failed."""
         with self._lock:
             self.wait()  # one save in flight at most
             sequence = self.draw_sequence()
-            future = self._executor.submit(
-                self._run, staged, step, epoch, tiers, reason, started, sequence
-            )
+            try:
+                future = self._executor.submit(
+                    self._run, staged, step, epoch, tiers, reason, started, sequence, written
+                )
+            except BaseException:
+                if written is not None:
+                    written()
+                raise
             self._in_flight = _InFlight(future, step, stall)
             return self.wait() if blocking else None
 
@@ -210,6 +217,7 @@ class SaveSession:
         reason: str,
         started: float,
         sequence: int,
+        written: Callable[[], None] | None = None,
     ) -> SaveResult:
         """The writer thread. Any failure, a rank that stops answering included, is a failed
         save: it is reported, never raised into training."""
@@ -242,5 +250,7 @@ class SaveSession:
             result.error = f"agreement: {describe(e)}"
         finally:
             _tell(staged, "finished")
+            if written is not None:
+                written()
         result.save_seconds = time.monotonic() - started
         return result

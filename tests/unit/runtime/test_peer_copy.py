@@ -40,6 +40,7 @@ from trainer_runtime.peer_copy.client import (
     push_copy,
     read_own_size,
 )
+from trainer_runtime.peer_copy.gate import SaveGate
 from trainer_runtime.peer_copy.server import MAX_CONNECTIONS, PeerServer
 from trainer_runtime.peer_copy.service import TIER_LABEL, PeerCopy
 from trainer_runtime.peer_copy.store import PeerStore
@@ -626,3 +627,148 @@ def test_sending_and_receiving_a_copy_yield_the_cpu_to_training(receiver, tmp_pa
         pusher.close()
     assert seen and min(seen) >= PEER_COPY_NICE
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # training's
+
+
+# ---------------------------------------------------------------- the node's own saves first
+
+
+def test_the_gate_holds_copies_until_every_own_save_is_written_and_never_past_its_bound() -> None:
+    gate = SaveGate(max_pause=10)
+    gate.hold()
+    gate.hold()  # a JIT save begun while a periodic one is still written
+    passed = threading.Event()
+    threading.Thread(target=lambda: (gate.wait(), passed.set()), daemon=True).start()
+    assert not passed.wait(0.3)
+    gate.release()
+    assert not passed.wait(0.2) and gate.shut
+    gate.release()
+    assert passed.wait(5) and not gate.shut and gate.paused_seconds >= 0.5
+    short = SaveGate(max_pause=0.2)
+    short.hold()  # a save that hangs (a dead rank): the copy goes on after the bound
+    started = time.monotonic()
+    assert short.wait() is False
+    assert 0.2 <= time.monotonic() - started < 5
+    short.close()
+    short.hold()  # closing: nothing pauses any more
+    assert short.wait() is True and not short.shut
+
+
+def test_a_push_and_its_receipt_wait_while_their_node_writes_its_own(
+    receiver, tmp_path: Path
+) -> None:
+    r = receiver()
+    src = tmp_path / "ramdisk-0"
+    data = os.urandom(3 * 1024 * 1024)
+    _checkpoint(src, 5, {"rank-0.bin": data}, sequence=1)
+    sending = SaveGate()
+    pusher = Pusher(r.peer, TOKEN, 0, src, sending)
+    try:
+        sending.hold()  # the sender's node is writing its own checkpoint
+        pusher.offer(5)
+        assert not pusher.wait_idle(0.5)
+        arriving = r.store.partial_dir(0, 5) / "rank-0.bin"
+        assert r.store.holding() == {} and arriving.stat().st_size == 0  # not a byte sent yet
+        sending.release()
+        assert pusher.wait_idle(30) and pusher.pushed == [5]
+    finally:
+        pusher.close()
+    assert r.store.holding() == {0: {5: 1}}
+
+    r.store.gate = receiving = SaveGate()  # now the keeper's node is writing its own
+    _checkpoint(src, 6, {"rank-0.bin": data}, sequence=2)
+    receiving.hold()
+    done = threading.Event()
+    threading.Thread(
+        target=lambda: (push_copy(r.peer, TOKEN, 0, 6, src / "checkpoint-6"), done.set()),
+        daemon=True,
+    ).start()
+    assert not done.wait(0.5)
+    assert r.store.holding() == {0: {5: 1}}  # 6 is not complete while the keeper writes
+    receiving.release()
+    assert done.wait(30) and r.store.holding() == {0: {6: 2}}
+    assert (r.store.complete_dir(0, 6) / "rank-0.bin").read_bytes() == data
+
+
+def test_a_local_save_shuts_the_gate_until_it_is_written_or_has_failed(job, tmp_path: Path) -> None:
+    j = _peer_job(job, tmp_path, 2)
+    run_ranks(2, lambda r: j.ckpts[r].plan())
+    gates = [c.peer.gate for c in j.ckpts]
+    release, entered = threading.Event(), [threading.Event(), threading.Event()]
+
+    def save(r: int, step: int, **kw: Any) -> None:
+        c = j.ckpts[r]
+        c.save(step, lambda: ToySave(r, [step, r], **kw), persistent=False, local=True)
+
+    run_ranks(2, lambda r: save(r, 1, gate=release, entered=entered[r]))
+    assert all(e.wait(10) for e in entered)
+    assert all(g.shut for g in gates)  # both nodes are writing their own
+    release.set()
+    run_ranks(2, lambda r: j.ckpts[r].session.wait())
+    assert not any(g.shut for g in gates)
+    run_ranks(2, lambda r: save(r, 2, fail=OSError(28, "No space left on device")))
+    results = run_ranks(2, lambda r: j.ckpts[r].session.wait())
+    assert not any(res.ok for res in results) and not any(g.shut for g in gates)
+    release, entered = threading.Event(), [threading.Event(), threading.Event()]
+
+    def persistent_only(r: int) -> None:
+        save = lambda: ToySave(r, [3, r], gate=release, entered=entered[r])  # noqa: E731
+        j.ckpts[r].save(3, save, persistent=True, local=False)
+
+    run_ranks(2, persistent_only)
+    assert all(e.wait(10) for e in entered)
+    assert not any(g.shut for g in gates)  # the persistent tier alone: the copies go on
+    release.set()
+    run_ranks(2, lambda r: j.ckpts[r].session.wait())
+
+    def staging_fails(r: int) -> None:
+        with pytest.raises(RuntimeError, match="staging"):
+            j.ckpts[r].save(4, _raise_staging, persistent=False, local=True)
+
+    run_ranks(2, staging_fails)
+    assert not any(g.shut for g in gates)
+    run_ranks(2, lambda r: j.ckpts[r].close())
+
+
+def _raise_staging() -> Any:
+    raise RuntimeError("staging failed")
+
+
+def test_close_ends_a_paused_push_at_once(receiver, tmp_path: Path) -> None:
+    r = receiver()
+    src = tmp_path / "ramdisk-0"
+    _checkpoint(src, 5, {"rank-0.bin": os.urandom(1024 * 1024)}, sequence=1)
+    gate = SaveGate()
+    pusher = Pusher(r.peer, TOKEN, 0, src, gate)
+    gate.hold()  # a save that does not end
+    pusher.offer(5)
+    time.sleep(0.2)
+    started = time.monotonic()
+    gate.close()  # PeerCopy.close: the gate first, then the pusher
+    pusher.close()
+    assert time.monotonic() - started < 5 and not pusher._thread.is_alive()
+    assert pusher.pushed == [] and pusher.failures == 0  # abandoned at close, not a failure
+    r.server.stop()  # waits for the receipt the close cut: it leaves nothing behind
+    assert r.kept() == ["0"]
+
+
+def test_copies_that_keep_being_superseded_are_said_once(receiver, tmp_path: Path, caplog) -> None:
+    r = receiver()
+    src = tmp_path / "ramdisk-0"
+    for step in range(1, 7):
+        _checkpoint(src, step, {"rank-0.bin": os.urandom(1024)}, sequence=step)
+    gate = SaveGate()
+    pusher = Pusher(r.peer, TOKEN, 0, src, gate)
+    try:
+        gate.hold()  # the node's own saves come back to back: the first copy waits
+        with caplog.at_level("WARNING", logger="trainer_runtime.peer_copy"):
+            for step in range(1, 7):
+                pusher.offer(step)
+                time.sleep(0.05)
+        lag = [m for m in caplog.messages if "peer copies lag" in m]
+        assert len(lag) == 1 and "3 local checkpoints in a row" in lag[0]
+        assert pusher.skipped == 4  # 2, 3, 4 and 5; 1 is being sent, 6 is next
+        gate.release()
+        assert pusher.wait_idle(30) and pusher.pushed == [1, 6]
+    finally:
+        pusher.close()
+    assert r.store.holding() == {0: {6: 6}}
