@@ -203,6 +203,7 @@ class Pusher:
         self.failures = 0
         self.last_error: str | None = None
         self.skipped = 0  # offers superseded before their copy started, all together
+        self.sending: int | None = None  # the step whose copy is on its way
         self._skipped_in_row = 0
         self._offered: int | None = None
         self._busy = False
@@ -262,6 +263,7 @@ class Pusher:
                 step, self._offered = self._offered, None
                 self._superseded.clear()
                 self._busy = True
+                self.sending = step
             assert step is not None
             try:
                 directory = layout.checkpoint_path(self.root, step)
@@ -286,6 +288,7 @@ class Pusher:
             finally:
                 with self._cond:
                     self._busy = False
+                    self.sending = None
                     self._cond.notify_all()
 
 

@@ -31,7 +31,7 @@ from .client import FETCH_PREFIX, Peer, Pusher, fetch_copy, read_own_size
 from .gate import SaveGate
 from .ring import Holding, describe_holdings, node_indices, plan_fetches, successor
 from .server import PeerServer
-from .store import PeerStore
+from .store import PeerStore, free_bytes_of
 
 log = logging.getLogger("trainer_runtime.peer_copy")
 
@@ -66,6 +66,8 @@ class PeerCopy:
         # Shut while this node writes a checkpoint of its own (Checkpointer.save): the copies
         # it sends and keeps pause meanwhile.
         self.gate = SaveGate()
+        # What the other nodes asked this one to keep of its own at the last commit (wanted).
+        self.others_want: set[int] = set()
 
     # ------------------------------------------------------------------ setup
 
@@ -128,7 +130,7 @@ class PeerCopy:
             else:
                 self.server.store = self.store
                 self.server.token = token
-                self.local.spare = self._spared
+        self.local.spare = self._spared  # every node: the others' copies need its own steps
         if (keeper := self.nodes[after].peer) is not None:
             self.pusher = Pusher(keeper, token, self.index, Path(self.local.root), self.gate)
 
@@ -148,20 +150,41 @@ class PeerCopy:
         if self.pusher is not None:
             self.pusher.offer(step)
 
+    def wanted(self) -> list[int]:
+        """The steps every other node should keep of its own for this node's copies: the one
+        its successor accepted last and the one on its way (SpareExchange, exchanged at each
+        local commit)."""
+        pusher = self.pusher
+        if pusher is None:
+            return []
+        steps = set(pusher.pushed[-1:])
+        if (sending := pusher.sending) is not None:
+            steps.add(sending)
+        return sorted(steps)
+
+    def asked(self, steps: set[int]) -> None:
+        self.others_want = set(steps)
+
     def _spared(self) -> set[int]:
-        """The own steps the local tier's retention keeps beyond its count: those of the
-        predecessor's copies kept here. Node i's copy lags its commit (it is sent after), and a
-        replacement of node i can fetch its copy of step S only if every other node still has S
-        of its own: without this, the commit of S+1 here deleted S while node i's copy of S+1 was
-        still on its way, and losing node i then left nothing to resume from locally. Not when
-        the ramdisk would then lack room for this node's next checkpoint (its own come first),
-        nor when the copies cannot be listed."""
+        """The own steps the local tier's retention keeps beyond its count: those of the copies
+        other nodes have sent or are sending. Node i's copy lags its commit (it is sent after),
+        and a replacement of node i can fetch its copy of step S only if every other node still
+        has S of its own: without this, the commit of S+1 deleted S while node i's copy of S+1
+        was still on its way, and losing node i then left nothing to resume from locally. The
+        keeper knows from the copies it holds; every other node from what node i asked at the
+        commit (wanted/asked), so three nodes or more are covered too. Not when the ramdisk
+        would then lack room for this node's next checkpoint (its own come first), nor when the
+        copies cannot be listed."""
         store = self.store
-        if store is None:
-            return set()
+        steps = set(self.others_want)
         try:
-            steps = {step for kept in store.holding().values() for step in kept}
-            if steps and store.free_bytes() < store.reserve_bytes():
+            if store is not None:
+                steps |= {step for kept in store.holding().values() for step in kept}
+                free, reserve = store.free_bytes, store.reserve_bytes
+            else:  # a node that keeps no copies (its server did not start)
+                root = Path(self.local.root)
+                free, reserve = (lambda: free_bytes_of(root)), (lambda: read_own_size(root))
+            if steps and free() < reserve():
                 return set()
         except OSError as e:
             log.warning("kubeckpt: cannot list the peer copies kept here: %s", describe(e))

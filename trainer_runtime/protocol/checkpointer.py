@@ -109,7 +109,12 @@ class Checkpointer:
         self.schedule = Schedule(s, local_enabled=self.local is not None)
         self.timer = StepTimer()
         self.session = SaveSession(
-            io, me, manifest=self.manifest, keep=self._keep, on_result=self._on_result
+            io,
+            me,
+            manifest=self.manifest,
+            keep=self._keep,
+            on_result=self._on_result,
+            spares=lambda tier: self._peer if tier is self.local else None,
         )
 
         self.step = 0

@@ -68,6 +68,8 @@ class Report:
     ok: bool
     error: str | None = None
     files: list[tuple[str, int, str]] = field(default_factory=list)  # (path, size, checksum)
+    # Steps this rank's node asks every other node to keep of its own (SpareExchange.wanted).
+    spare: list[int] = field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -76,6 +78,7 @@ class Report:
             "ok": self.ok,
             "error": self.error,
             "files": self.files,
+            "spare": self.spare,
         }
 
     @classmethod
@@ -86,6 +89,7 @@ class Report:
             ok=data["ok"],
             error=data["error"],
             files=[tuple(f) for f in data["files"]],  # type: ignore[misc]
+            spare=[int(s) for s in data.get("spare", ())],
         )
 
 
@@ -96,6 +100,18 @@ class Outcome:
     error: str | None = None
     bytes_written: int = 0  # by this rank
     sequence: int = 0  # its place in commit order (the coordinator's; the proposal elsewhere)
+
+
+class SpareExchange(Protocol):
+    """Steps the nodes ask one another to keep at a commit of a per-node tier (the peer copies
+    of the ramdisk: a replacement of node i can fetch its copy of step S only if every other
+    node still has S of its own, and only node i knows which step its copy is of)."""
+
+    def wanted(self) -> list[int]:
+        """What this node asks every other node to keep of its own."""
+
+    def asked(self, steps: set[int]) -> None:
+        """What the other nodes asked, told before this node's retention runs."""
 
 
 # (tier, the reports the manifest describes) -> the manifest; coordinator only.
@@ -125,11 +141,13 @@ class TierCommit:
         sequence: int = 1,
         generation: int = 0,
         committed: Callable[[int], None] | None = None,
+        spares: SpareExchange | None = None,
     ) -> None:
         """`keep`: retention after the commit (None: none); `sequence`: the run's count for this
         save (the coordinator raises it above what the generation holds); `generation`: the one
         the run writes in the persistent tier, recorded in every tier's manifest; `committed`
-        is told the sequence a successful commit used."""
+        is told the sequence a successful commit used; `spares`: the steps the nodes ask one
+        another to keep, exchanged in the commit's gather of reports."""
         self.io = io
         self.me = me
         self.tier = tier
@@ -139,6 +157,7 @@ class TierCommit:
         self.sequence = sequence
         self.generation = generation
         self.committed = committed
+        self.spares = spares
         self.coordinator = me.coordinates(tier)
 
     @property
@@ -193,8 +212,11 @@ class TierCommit:
             ok=error is None,
             error=error,
             files=[(f.path, f.size, f.checksum) for f in files],
+            spare=self._wanted(),
         )
         reports = [Report.from_wire(r) for r in self.io.all_gather(mine.to_wire())]
+        if self.spares is not None:
+            self.spares.asked({s for r in reports if r.node != self.me.node for s in r.spare})
         failures = [f"rank {r.rank}: {r.error}" for r in reports if not r.ok]
         location = self.tier.location(self.step)
         commit_error: str | None = None
@@ -226,6 +248,15 @@ class TierCommit:
         if self.committed is not None:
             self.committed(self.sequence)
         return Outcome(True, location=location, bytes_written=size, sequence=self.sequence)
+
+    def _wanted(self) -> list[int]:
+        if self.spares is None:
+            return []
+        try:
+            return sorted(self.spares.wanted())
+        except Exception as e:  # only a copy's use is at stake, never the commit
+            log.warning("kubeckpt: cannot say which steps the peer copies need: %s", describe(e))
+            return []
 
     def _next_sequence(self) -> int:
         try:

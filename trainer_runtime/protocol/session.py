@@ -20,7 +20,15 @@ from typing import Protocol
 from ..contract import REASON_PERIODIC, Manifest
 from ..storage import Tier
 from .agreement import Agreement
-from .commit import FileInfo, ManifestBuilder, Member, Report, TierCommit, describe
+from .commit import (
+    FileInfo,
+    ManifestBuilder,
+    Member,
+    Report,
+    SpareExchange,
+    TierCommit,
+    describe,
+)
 
 # (tier, step, epoch, the reports it describes) -> the manifest (coordinator only).
 # (tier, step, epoch, reports, reason) -> the manifest (Checkpointer.manifest)
@@ -84,8 +92,10 @@ class SaveSession:
         manifest: ManifestFactory,
         keep: Callable[[Tier], int | None],
         on_result: Callable[[SaveResult], None],
+        spares: Callable[[Tier], SpareExchange | None] | None = None,
     ) -> None:
         self.io = io
+        self.spares = spares  # per tier: the steps the nodes ask one another to keep
         self.me = me
         self.manifest = manifest
         self.keep = keep
@@ -174,6 +184,7 @@ class SaveSession:
             sequence=self.draw_sequence() if sequence is None else sequence,
             generation=self.generation,
             committed=self._committed,
+            spares=self.spares(tier) if self.spares is not None else None,
         )
 
     def draw_sequence(self) -> int:

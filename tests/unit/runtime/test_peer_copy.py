@@ -45,6 +45,7 @@ from trainer_runtime.peer_copy.server import MAX_CONNECTIONS, PeerServer
 from trainer_runtime.peer_copy.service import TIER_LABEL, PeerCopy
 from trainer_runtime.peer_copy.store import PeerStore
 from trainer_runtime.protocol import Checkpointer, Member, Solo
+from trainer_runtime.protocol.commit import Report, TierCommit
 from trainer_runtime.storage import LocalTier
 
 TOKEN = "job-token"
@@ -464,6 +465,45 @@ def test_a_copy_still_on_its_way_keeps_the_step_it_replaces_restorable(job, tmp_
     assert [c.resumed_tier for c in k.ckpts] == [TIER_LABEL] * 2
 
 
+def test_with_three_nodes_every_node_keeps_the_step_a_lagging_copy_is_of(
+    job, tmp_path: Path
+) -> None:
+    """Node 1's copies stop arriving after step 1 (its keeper, node 2, stops receiving). Node 0
+    keeps no copy of node 1's, so only node 1 knows its copy is of step 1: it asks at each local
+    commit, and node 0 keeps its own step 1 beside 2 and 3 (its count is 1). A replacement of
+    node 1 then resumes at step 1 from the ramdisks. Without the ask, node 0 deleted its step 1
+    at the commit of 3 and the replacement had no checkpoint at all to resume from."""
+    j = _peer_job(job, tmp_path, 3)
+
+    def rank(r: int) -> None:
+        c = j.ckpts[r]
+        assert c.peer is not None
+        for step in (1, 2, 3):
+            if step > 1:
+                c.session.wait()
+                assert c.peer.pusher is not None and c.peer.pusher.wait_idle(30)
+                c.io.barrier()  # every copy of the step before is where it will stay
+                if step == 2 and r == 2:
+                    assert c.peer.server is not None
+                    c.peer.server.stop()  # node 1's copies of 2 and 3 go nowhere
+            c.save(step, lambda s=step: ToySave(r, [s, r]), persistent=False, local=True)
+        c.session.wait()
+        c.close()
+
+    run_ranks(3, rank)
+    # At the commit of 3: node 1's copy was last accepted at 1, nodes 0's and 2's at 2.
+    assert j.ckpts[0].peer is not None and j.ckpts[0].peer.others_want == {1, 2}
+    assert sorted(e.step for e in layout.scan(tmp_path / "ramdisk-0")) == [1, 2, 3]
+    assert sorted(e.step for e in layout.scan(tmp_path / "ramdisk-2")) == [1, 2, 3]
+    shutil.rmtree(tmp_path / "ramdisk-1")
+    k = _peer_job(job, tmp_path, 3)
+    loaders = [ToyLoader(r) for r in range(3)]
+    restored = run_ranks(3, lambda r: k.ckpts[r].restore(loaders[r]))
+    assert [(x.step, x.tier.name) for x in restored] == [(1, "local")] * 3
+    assert [c.resumed_tier for c in k.ckpts] == [TIER_LABEL] * 3
+    assert [ld.loaded for ld in loaders] == [[1, 0], [1, 1], [1, 2]]
+
+
 def test_the_spare_gives_way_when_the_next_own_checkpoint_would_not_fit(
     job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -772,3 +812,40 @@ def test_copies_that_keep_being_superseded_are_said_once(receiver, tmp_path: Pat
     finally:
         pusher.close()
     assert r.store.holding() == {0: {6: 6}}
+
+
+def test_the_steps_asked_for_travel_in_the_commits_reports_and_never_fail_it(
+    tmp_path: Path, caplog
+) -> None:
+    report = Report(rank=3, node="node-1", ok=True, spare=[7, 9])
+    assert Report.from_wire(report.to_wire()) == report
+    older = {k: v for k, v in report.to_wire().items() if k != "spare"}  # a report without it
+    assert Report.from_wire(older).spare == []
+
+    class Broken:
+        told: set[int] | None = None
+
+        def wanted(self) -> list[int]:
+            raise OSError(5, "Input/output error")
+
+        def asked(self, steps: set[int]) -> None:
+            self.told = steps
+
+    spares = Broken()
+    tier = LocalTier(str(tmp_path / "ramdisk"), "local")
+    commit = TierCommit(
+        Solo(),
+        Member(node="node-0"),
+        tier,
+        4,
+        manifest=lambda t, reports: build_manifest(
+            t.write_dir(4), step=4, epoch=0, world_size=1, framework="toy", tier="local"
+        ),
+        keep=1,
+        spares=spares,
+    )
+    with caplog.at_level("WARNING", logger="trainer_runtime.protocol"):
+        outcome = commit.run(lambda t, d: [])
+    assert outcome.ok, outcome.error
+    assert spares.told == set()  # its own node's ask is not for itself
+    assert any("cannot say which steps the peer copies need" in m for m in caplog.messages)
