@@ -33,7 +33,7 @@ BLOCK_BYTES: Final = 1024 * 1024
 # A file is sent in pieces of this size, so that a push pauses soon while the node writes a
 # checkpoint of its own (gate.py).
 PIECE_BYTES: Final = 16 * 1024 * 1024
-CLOSE_WAIT_SECONDS: Final = 5.0  # a push in progress gets this long to stop at close
+CLOSE_WAIT_SECONDS: Final = 2.0  # a push in progress gets this long to stop at close
 # This many local checkpoints in a row superseded before their copy started: the node writes its
 # own faster than a copy can be sent between them (gate.py), and it is said once per such run.
 LAG_WARNING_SKIPS: Final = 3

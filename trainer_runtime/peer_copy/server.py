@@ -38,7 +38,8 @@ DRAIN_BYTES: Final = 4 * 1024 * 1024  # a refused body up to this size is read b
 # on the pod network may connect, so the threads (each may wait `_Handler.timeout` for headers)
 # are bounded and a connection past the bound is closed at once.
 MAX_CONNECTIONS: Final = 8
-STOP_WAIT_SECONDS: Final = 5.0
+# Bounded: closing runs on the way out of a stopping pod, within its grace period.
+STOP_WAIT_SECONDS: Final = 2.0
 
 
 def parse_path(path: str) -> tuple[int, int, str | None]:
