@@ -707,7 +707,8 @@ def test_a_push_and_its_receipt_wait_while_their_node_writes_its_own(
         pusher.offer(5)
         assert not pusher.wait_idle(0.5)
         arriving = r.store.partial_dir(0, 5) / "rank-0.bin"
-        assert r.store.holding() == {} and arriving.stat().st_size == 0  # not a byte sent yet
+        assert r.store.holding() == {}
+        assert not arriving.exists() or arriving.stat().st_size == 0  # not a byte sent yet
         sending.release()
         assert pusher.wait_idle(30) and pusher.pushed == [5]
     finally:
@@ -781,7 +782,10 @@ def test_close_ends_a_paused_push_at_once(receiver, tmp_path: Path) -> None:
     pusher = Pusher(r.peer, TOKEN, 0, src, gate)
     gate.hold()  # a save that does not end
     pusher.offer(5)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while pusher.sending != 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # at the gate by now
     started = time.monotonic()
     gate.close()  # PeerCopy.close: the gate first, then the pusher
     pusher.close()
@@ -801,9 +805,13 @@ def test_copies_that_keep_being_superseded_are_said_once(receiver, tmp_path: Pat
     try:
         gate.hold()  # the node's own saves come back to back: the first copy waits
         with caplog.at_level("WARNING", logger="trainer_runtime.peer_copy"):
-            for step in range(1, 7):
+            pusher.offer(1)
+            deadline = time.monotonic() + 10
+            while pusher.sending != 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert pusher.sending == 1  # under way, paused at the gate
+            for step in range(2, 7):
                 pusher.offer(step)
-                time.sleep(0.05)
         lag = [m for m in caplog.messages if "peer copies lag" in m]
         assert len(lag) == 1 and "3 local checkpoints in a row" in lag[0]
         assert pusher.skipped == 4  # 2, 3, 4 and 5; 1 is being sent, 6 is next
