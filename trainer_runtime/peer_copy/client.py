@@ -206,7 +206,6 @@ class Pusher:
         self.sending: int | None = None  # the step whose copy is on its way
         self._skipped_in_row = 0
         self._offered: int | None = None
-        self._busy = False
         self._superseded = threading.Event()
         self._closed = False
         self._cond = threading.Condition()
@@ -234,7 +233,9 @@ class Pusher:
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every offer is pushed or failed (tests, benches)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._offered is None and not self._busy, timeout)
+            return self._cond.wait_for(
+                lambda: self._offered is None and self.sending is None, timeout
+            )
 
     def close(self, wait: float = CLOSE_WAIT_SECONDS) -> None:
         """Stop: a push in progress ends at its next piece (its gate closed first, by
@@ -262,7 +263,6 @@ class Pusher:
                     return
                 step, self._offered = self._offered, None
                 self._superseded.clear()
-                self._busy = True
                 self.sending = step
             assert step is not None
             try:
@@ -287,7 +287,6 @@ class Pusher:
                 log.warning("kubeckpt: peer copy of step %d not kept: %s", step, e)
             finally:
                 with self._cond:
-                    self._busy = False
                     self.sending = None
                     self._cond.notify_all()
 

@@ -120,7 +120,8 @@ class PeerCopy:
                     root,
                     self.index,
                     len(self.nodes),
-                    reserve_bytes=lambda: read_own_size(root),
+                    reserve_bytes=self.reserve_bytes,
+                    free_bytes=self.free_bytes,
                     gate=self.gate,
                 )
             except OSError as e:  # the ramdisk is not writable: this node keeps no copies
@@ -150,6 +151,14 @@ class PeerCopy:
         if self.pusher is not None:
             self.pusher.offer(step)
 
+    def free_bytes(self) -> int:
+        """The ramdisk's free space (the room for the copies received and for the spare)."""
+        return free_bytes_of(self.local.root)
+
+    def reserve_bytes(self) -> int:
+        """What this node's own next checkpoint needs: never taken by a copy or a spare."""
+        return read_own_size(Path(self.local.root))
+
     def wanted(self) -> list[int]:
         """The steps every other node should keep of its own for this node's copies: the one
         its successor accepted last and the one on its way (SpareExchange, exchanged at each
@@ -175,16 +184,11 @@ class PeerCopy:
         commit (wanted/asked), so three nodes or more are covered too. Not when the ramdisk
         would then lack room for this node's next checkpoint (its own come first), nor when the
         copies cannot be listed."""
-        store = self.store
         steps = set(self.others_want)
         try:
-            if store is not None:
-                steps |= {step for kept in store.holding().values() for step in kept}
-                free, reserve = store.free_bytes, store.reserve_bytes
-            else:  # a node that keeps no copies (its server did not start)
-                root = Path(self.local.root)
-                free, reserve = (lambda: free_bytes_of(root)), (lambda: read_own_size(root))
-            if steps and free() < reserve():
+            if self.store is not None:
+                steps |= {step for kept in self.store.holding().values() for step in kept}
+            if steps and self.free_bytes() < self.reserve_bytes():
                 return set()
         except OSError as e:
             log.warning("kubeckpt: cannot list the peer copies kept here: %s", describe(e))

@@ -517,7 +517,7 @@ def test_the_spare_gives_way_when_the_next_own_checkpoint_would_not_fit(
     _checkpoint(peer.store.root / "1", 4, {"rank-1.json": b"y" * 100})
     assert j.ckpts[0].local.spare is not None and j.ckpts[0].local.spare() == {4}
     # Less room than the newest own checkpoint's 100 bytes (and its manifest).
-    monkeypatch.setattr(peer.store, "free_bytes", lambda: 99)
+    monkeypatch.setattr(peer, "free_bytes", lambda: 99)
     assert j.ckpts[0].local.spare() == set()
     for c in j.ckpts:
         c.close()
