@@ -44,6 +44,11 @@ class PeerError(RuntimeError):
     """A push or a fetch that did not complete (the peer refused it, or it was unreachable)."""
 
 
+class Removed(PeerError):
+    """The checkpoint to send is gone from the ramdisk: retention removed it, a newer local
+    checkpoint having replaced it between its offer and its push."""
+
+
 @dataclass(frozen=True)
 class Peer:
     """Where a node's peer copy server listens."""
@@ -120,7 +125,10 @@ def push_copy(
     """Send the complete checkpoint in `directory` as `sender`'s copy of `step`: every file, then
     the manifest. The bytes sent; PeerError when it did not complete (or was `superseded`
     between two files). `pause` is called between pieces of a file (Pusher._pause)."""
-    data = (directory / MANIFEST_FILE).read_bytes()
+    try:
+        data = (directory / MANIFEST_FILE).read_bytes()
+    except FileNotFoundError:
+        raise Removed(f"step {step}: no longer in the ramdisk") from None
     manifest = Manifest.from_json(data)
     auth = {"Authorization": f"Bearer {token}"}
     sent = 0
@@ -130,7 +138,11 @@ def push_copy(
             if superseded is not None and superseded.is_set():
                 raise PeerError(f"step {step}: superseded by a newer checkpoint, or closing")
             algorithm, _ = f.checksum
-            with open(directory / f.path, "rb") as body:
+            try:
+                body = open(directory / f.path, "rb")
+            except FileNotFoundError:
+                raise Removed(f"step {step}: {f.path} no longer in the ramdisk") from None
+            with body:
                 if os.fstat(body.fileno()).st_size != f.size:
                     raise PeerError(f"{f.path}: changed since its manifest was written")
                 headers = {**auth, "Content-Length": str(f.size), CHECKSUM_HEADER: algorithm}
@@ -202,7 +214,8 @@ class Pusher:
         self.pushed: list[int] = []  # steps whose copy the successor accepted
         self.failures = 0
         self.last_error: str | None = None
-        self.skipped = 0  # offers superseded before their copy started, all together
+        # Offers superseded before their copy started (or gone from the ramdisk by then).
+        self.skipped = 0
         self.sending: int | None = None  # the step whose copy is on its way
         self._skipped_in_row = 0
         self._offered: int | None = None
@@ -216,16 +229,7 @@ class Pusher:
         """A local checkpoint of `step` was committed: copy it to the peer (superseding older)."""
         with self._cond:
             if self._offered is not None:
-                self.skipped += 1
-                self._skipped_in_row += 1
-                if self._skipped_in_row == LAG_WARNING_SKIPS:
-                    log.warning(
-                        "kubeckpt: peer copies lag: %d local checkpoints in a row were replaced "
-                        "by newer ones before their copy could start (the node's own saves come "
-                        "first); until one is copied, a lost node resumes from an older copy or "
-                        "the persistent tier. A longer local period leaves time for the copies",
-                        self._skipped_in_row,
-                    )
+                self._skip()
             self._offered = step
             self._superseded.set()  # a push in progress stops at its next file
             self._cond.notify_all()
@@ -246,6 +250,19 @@ class Pusher:
             self._cond.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join(wait)
+
+    def _skip(self) -> None:
+        """A checkpoint replaced by a newer one before its copy started (under `_cond`)."""
+        self.skipped += 1
+        self._skipped_in_row += 1
+        if self._skipped_in_row == LAG_WARNING_SKIPS:
+            log.warning(
+                "kubeckpt: peer copies lag: %d local checkpoints in a row were replaced by newer "
+                "ones before their copy could start (the node's own saves come first); until one "
+                "is copied, a lost node resumes from an older copy or the persistent tier. A "
+                "longer local period leaves time for the copies",
+                self._skipped_in_row,
+            )
 
     def _pause(self) -> None:
         """Between two pieces: the node's own save first (gate.py), and a close ends the push."""
@@ -278,6 +295,12 @@ class Pusher:
                 )
                 self.pushed.append(step)
                 self._skipped_in_row = 0
+            except Removed as e:
+                # Retention kept the newer checkpoint that replaced it, whose offer is on its
+                # way: a skip like any other, not a failure.
+                log.info("kubeckpt: peer copy skipped: %s", e)
+                with self._cond:
+                    self._skip()
             except Exception as e:  # the peer copy is best effort: the persistent tier remains
                 if self._closed:  # the process is ending: nothing to report
                     log.info("kubeckpt: peer copy of step %d abandoned at close", step)

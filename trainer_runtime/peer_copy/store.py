@@ -101,6 +101,7 @@ class PeerStore:
         self.free_bytes = free_bytes or (lambda: free_bytes_of(self.root))
         self.refused = 0  # requests refused, any reason (logged each)
         self.refused_for_room = 0  # copies refused because they did not fit
+        self.interrupted = 0  # files whose body ended early: the sender stopped (logged as info)
         self._lock = threading.Lock()
         self._receiving: dict[int, _Receiving] = {}
         self.root.mkdir(parents=True, exist_ok=True)
@@ -185,14 +186,19 @@ class PeerStore:
                 partial.mkdir(parents=True)
             target = self._inside(partial, rel, create=True)
             try:
-                size, digest = _receive(target, length, body, algorithm, self.gate)
-            except Refused as e:
-                self._refuse(e.status, e.reason)
+                pause = self.gate.wait if self.gate is not None else None
+                digest = write_hashed(target, length, body, algorithm, pause=pause)
+            except BodyEnded as e:
+                # The sender stopped (its pod is ending) or moved on to a newer checkpoint: not
+                # a request to refuse loudly. What arrived of the copy goes.
+                self.interrupted += 1
+                log.info("kubeckpt: node %d's copy of step %d was cut short: %s", sender, step, e)
+                raise Refused(400, str(e)) from None
             except TimeoutError:
                 self._refuse(408, f"{rel}: the body stopped arriving")
             except OSError as e:
                 self._refuse(507, f"{rel}: cannot store it: {e.strerror}")
-            receiving.files[rel] = (size, algorithm, digest)
+            receiving.files[rel] = (length, algorithm, digest)
 
     def commit(self, sender: int, step: int, data: bytes) -> Path:
         """The manifest of `sender`'s copy of `step`, sent last: the copy becomes complete when it
@@ -292,18 +298,6 @@ class PeerStore:
             os.close(fd)
             self._refuse(404, f"{rel}: not a regular file")
         return fd, st.st_size
-
-
-def _receive(
-    target: Path, length: int, body: BinaryIO, algorithm: str, gate: SaveGate | None
-) -> tuple[int, str]:
-    """Write exactly `length` bytes of `body` to a new `target`, hashing them; a body that ends
-    early is refused and leaves no file."""
-    pause = gate.wait if gate is not None else None
-    try:
-        return length, write_hashed(target, length, body, algorithm, pause=pause)
-    except BodyEnded as e:
-        raise Refused(400, str(e)) from None
 
 
 def _mismatches(

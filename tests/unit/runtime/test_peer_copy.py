@@ -267,18 +267,26 @@ def test_the_nodes_own_next_checkpoint_keeps_its_room(tmp_path: Path) -> None:
     assert store.holding() == {}
 
 
-def test_a_body_shorter_than_declared_leaves_nothing(receiver) -> None:
+def test_a_body_shorter_than_declared_leaves_nothing(receiver, caplog) -> None:
+    """A sender that stops mid-file (its pod ending) leaves nothing; the keeper says so as
+    information, not as a refused request."""
     r = receiver()
-    with socket.create_connection(("127.0.0.1", r.server.port)) as s:
-        s.sendall(
-            b"PUT /peer/v1/0/5/files/rank-0.bin HTTP/1.1\r\nHost: x\r\n"
-            + f"Authorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n".encode()
-            + b"only ten b"
-        )
-        s.shutdown(socket.SHUT_WR)
-        answer = s.recv(4096)
+    with caplog.at_level("INFO", logger="trainer_runtime.peer_copy"):
+        with socket.create_connection(("127.0.0.1", r.server.port)) as s:
+            s.sendall(
+                b"PUT /peer/v1/0/5/files/rank-0.bin HTTP/1.1\r\nHost: x\r\n"
+                + f"Authorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n".encode()
+                + b"only ten b"
+            )
+            s.shutdown(socket.SHUT_WR)
+            answer = s.recv(4096)
     assert answer.startswith(b"HTTP/1.1 400"), answer
     assert r.kept() == ["0"]
+    assert (r.store.interrupted, r.store.refused) == (1, 0)
+    cut = [rec for rec in caplog.records if "cut short" in rec.getMessage()]
+    assert [rec.levelname for rec in cut] == ["INFO"], caplog.text
+    assert "step 5" in cut[0].getMessage() and "90 bytes short" in cut[0].getMessage()
+    assert not [rec for rec in caplog.records if rec.levelname == "WARNING"], caplog.text
 
 
 def test_a_body_longer_than_declared_is_not_stored_past_its_length(receiver, tmp_path) -> None:
@@ -375,6 +383,31 @@ def test_the_pusher_sends_the_newest_offer_and_never_blocks(receiver, tmp_path: 
     finally:
         pusher.close()
     assert pusher.pushed[-1] == 3 and r.store.holding() == {0: {3: 3}}
+
+
+def test_a_step_retention_removed_before_its_push_is_skipped_not_failed(
+    receiver, tmp_path: Path, caplog
+) -> None:
+    """The commit of step S+1 removes S while S's offer is about to be taken (S+1's offer comes
+    right after): S is skipped quietly, and S+1 is sent."""
+    r = receiver()
+    src = tmp_path / "ramdisk-0"
+    for step in (1, 2):
+        _checkpoint(src, step, {"rank-0.bin": os.urandom(1024)}, sequence=step)
+    shutil.rmtree(src / "checkpoint-1")
+    pusher = Pusher(r.peer, TOKEN, 0, src)
+    try:
+        with caplog.at_level("INFO", logger="trainer_runtime.peer_copy"):
+            pusher.offer(1)
+            assert pusher.wait_idle(30)
+            pusher.offer(2)
+            assert pusher.wait_idle(30)
+    finally:
+        pusher.close()
+    assert (pusher.skipped, pusher.failures, pusher.pushed) == (1, 0, [2])
+    assert not [rec for rec in caplog.records if rec.levelname == "WARNING"], caplog.text
+    assert "peer copy skipped: step 1: no longer in the ramdisk" in caplog.text
+    assert r.store.holding() == {0: {2: 2}}
 
 
 # ---------------------------------------------------------------- a job of simulated ranks
