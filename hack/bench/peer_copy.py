@@ -3,7 +3,7 @@ time a peer copy costs per checkpoint.
 
 Usage: PYTHONPATH=.:hack python hack/bench/peer_copy.py [--dir DIR] [--persistent-dir DIR]
        [--mib 256] [--rounds 3] [--nodes 2] [--steps 160] [--period 20] [--step sleep|busy]
-       [--s3] [--only restore|cost]
+       [--s3] [--only restore|cost|cpu]
 
 N simulated nodes (threads of one process, one rank each: tests/support/simulated_ranks.py),
 each with its ramdisk directory under --dir (a tmpfs such as /dev/shm stands in for the pod's
@@ -25,6 +25,9 @@ written as one file. One run saves the same step to the local tier and the persi
            ms: the host thread of a GPU step waits, the CPU is free, as on a training node) or
            `busy` (hashing a 64 MiB buffer: every core the job has is taken, so any copy's CPU
            time is training time; the worst case, not a GPU node's).
+  cpu      the CPU-seconds (the whole process, user + system) of one local checkpoint and of one
+           peer copy of it (both ends: the push and the receipt), nothing else running: with busy
+           steps, the copies kept times this is what the copies take from training.
 
 Loopback and one process for every node: the figures compare the methods on one machine; they
 are not a cluster's.
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -48,10 +52,14 @@ sys.path[:0] = [str(REPO), str(REPO / "hack")]
 from bench.benchstats import spread, target  # noqa: E402
 
 from tests.support.simulated_ranks import SimulatedGroup, run_ranks  # noqa: E402
+from trainer_runtime import layout  # noqa: E402
 from trainer_runtime.config import Config  # noqa: E402
 from trainer_runtime.contract import Manifest, hash_file, preferred_checksum  # noqa: E402
 from trainer_runtime.contract.manifest import format_checksum  # noqa: E402
+from trainer_runtime.peer_copy.client import Peer, push_copy  # noqa: E402
+from trainer_runtime.peer_copy.server import PeerServer  # noqa: E402
 from trainer_runtime.peer_copy.service import PeerCopy  # noqa: E402
+from trainer_runtime.peer_copy.store import PeerStore  # noqa: E402
 from trainer_runtime.protocol import Checkpointer, Member  # noqa: E402
 from trainer_runtime.storage import LocalTier, Tier  # noqa: E402
 
@@ -173,6 +181,36 @@ def restore_times(
     return times
 
 
+def _cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+def cpu_seconds(base: Path, blob: bytes, rounds: int) -> dict[str, list[float]]:
+    """CPU-seconds of the whole process for one local checkpoint of `blob` (blocking, nothing
+    else running) and for one peer copy of it to a keeper in this process (the pusher's
+    `push_copy` and the keeper's server receiving, hashing and storing it: both ends)."""
+    out: dict[str, list[float]] = {"local": [], "copy": []}
+    ckpt = _job(base, 1, str(base / "persistent"), peer=False)[0]
+    store = PeerStore(base / "keeper", 1, 2, reserve_bytes=lambda: 0)
+    token = "bench"
+    server = PeerServer(store, token, "127.0.0.1").start()
+    try:
+        for step in range(1, rounds + 1):
+            before = _cpu()
+            ckpt.save(step, lambda: BlobSave(0, blob), persistent=False, local=True, blocking=True)
+            out["local"].append(_cpu() - before)
+            directory = layout.checkpoint_path(Path(ckpt.local.root), step)
+            before = _cpu()
+            push_copy(Peer("127.0.0.1", server.port), token, 0, step, directory)
+            out["copy"].append(_cpu() - before)
+            assert store.holding() == {0: {step: step}}, store.holding()
+    finally:
+        server.stop()
+        ckpt.close()
+    return out
+
+
 def _step(kind: str, buffer: bytes) -> None:
     if kind == "sleep":
         time.sleep(0.05)
@@ -238,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", choices=("sleep", "busy"), default="sleep")
     parser.add_argument("--persistent-dir", default=tempfile.gettempdir(), help="on disk")
     parser.add_argument("--s3", action="store_true", help="also restore from SeaweedFS's S3")
-    parser.add_argument("--only", choices=("restore", "cost"), help="one part of the bench")
+    parser.add_argument("--only", choices=("restore", "cost", "cpu"), help="one part of the bench")
     args = parser.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="kubeckpt-peer-bench-", dir=args.dir))
     blobs = [os.urandom(args.mib * 1024 * 1024) for _ in range(args.nodes)]
@@ -257,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             weed.create_bucket("bench")
             os.environ.update(weed.aws_env())
             persistent["s3"] = "s3://bench/job"
-        restores = persistent if args.only != "cost" else {}
+        restores = persistent if args.only in (None, "restore") else {}
         if restores:
             print("\nrestore after losing node 1, seconds until every rank has loaded:")
         for name, uri in restores.items():  # one run each: its peer copy beside its tier
@@ -271,6 +309,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} run: persistent     {spread(theirs)}")
             print(f"  {name} run: peer / persistent {spread(ratios)} (per round)")
         if args.only == "restore":
+            return 0
+        used = cpu_seconds(base / "cpu", blobs[0], args.rounds)
+        shutil.rmtree(base / "cpu", ignore_errors=True)
+        print(f"\nCPU-seconds (user + system, every thread), {args.mib} MiB, nothing else running:")
+        print(f"  one local checkpoint            {spread(used['local'])}")
+        print(f"  one peer copy (both ends)       {spread(used['copy'])}")
+        ratios = [c / loc for c, loc in zip(used["copy"], used["local"], strict=True)]
+        print(f"  copy / local checkpoint         {spread(ratios, 2)} (per round)")
+        if args.only == "cpu":
             return 0
         cost: dict[str, list[float]] = {"none": [], "local": [], "peer": []}
         kept: list[int] = []

@@ -13,6 +13,8 @@ import argparse
 import functools
 import itertools
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -34,12 +36,20 @@ def main() -> int:
     ap.add_argument(
         "--orbax-fails-at", type=int, default=0, help="this process's N-th orbax save raises"
     )
+    ap.add_argument(
+        "--killed-in-save",
+        type=int,
+        default=0,
+        help="SIGKILL this process as its N-th orbax save starts (before orbax's first barrier)",
+    )
+    ap.add_argument("--heartbeat-timeout", type=int, default=100, help="jax.distributed's")
     args = ap.parse_args()
     if args.num_processes > 1:
         jax.distributed.initialize(
             coordinator_address=args.coordinator,
             num_processes=args.num_processes,
             process_id=args.process_id,
+            heartbeat_timeout_seconds=args.heartbeat_timeout,
         )
 
     import jax.numpy as jnp
@@ -97,6 +107,8 @@ def main() -> int:
 
     if args.orbax_fails_at:
         _fail_orbax_save(args.orbax_fails_at)
+    if args.killed_in_save:
+        _killed_in_orbax_save(args.killed_in_save)
     mgr = CheckpointManager.from_env(total_steps=args.steps)
     state, step = mgr.restore(state)
     resumed = (mgr.resumed_from, mgr.resumed_tier)
@@ -146,6 +158,22 @@ def _fail_orbax_save(n: int) -> None:
         return original(self, *a, **kw)
 
     StandardCheckpointHandler.async_save = async_save
+
+
+def _killed_in_orbax_save(n: int) -> None:
+    """The n-th orbax save of this process kills it as it starts, after kubeckpt's agreement on
+    the step and before orbax's barrier at the start of its save: the others then wait there."""
+    from trainer_runtime.jax import orbax_format
+
+    original = orbax_format.start
+    calls = itertools.count(1)
+
+    def start(*a, **kw):
+        if next(calls) == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(*a, **kw)
+
+    orbax_format.start = start
 
 
 if __name__ == "__main__":

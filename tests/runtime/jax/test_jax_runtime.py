@@ -322,6 +322,34 @@ def test_two_processes_killed_while_orbax_writes_resume_exactly_and_its_staging_
     assert any(f.path.startswith("state/") for f in manifest.files)
 
 
+def test_a_process_killed_as_an_orbax_save_starts_leaves_none_hanging_and_the_job_resumes(
+    tmp_path: Path, reference: dict[int, Path]
+) -> None:
+    """Process 1 is SIGKILLed as its second orbax save starts (step 14), after kubeckpt agreed on
+    the step and before orbax's barrier at the start of its save, where process 0 then goes. That
+    barrier has no timeout of orbax's own, yet process 0 must not hang there: it ends (its gloo
+    collectives fail once the peer's sockets close, and the JAX distributed service ends a
+    process whose peer stopped sending heartbeats), so the pods restart and the job resumes from
+    step 7, bitwise."""
+    status = tmp_path / "a"
+    env = {"CHECKPOINT_LOCAL_DIR": "", "KUBECKPT_AGREEMENT_TIMEOUT": "10"}
+    flags = ["--heartbeat-timeout=10"]
+    procs = launch(
+        tmp_path, status, 2, sleep=0.05, args={0: flags, 1: [*flags, "--killed-in-save=2"]}, **env
+    )
+    assert finish(procs[1], timeout=240) == -signal.SIGKILL, tail_of(procs[1])
+    died = time.monotonic()
+    code = finish(procs[0], timeout=120)
+    ended = time.monotonic() - died
+    print(f"figures: process 0 ended {ended:.1f} s after process 1 died, exit {code}")
+    assert code != 0 and not (status / "exit-0.json").exists(), tail_of(procs[0])
+    persistent = tmp_path / "persistent"
+    assert [e.step for e in layout.scan(persistent) if e.complete] == [7]
+    infos = run(tmp_path, tmp_path / "b", 2, **env)
+    assert [i["resumed_from"] for i in infos] == ["checkpoint-7"] * 2, infos
+    assert_same_final(reference[2], tmp_path / "b", 2)
+
+
 def test_orbax_leftovers_up_to_a_committed_step_are_removed_and_later_ones_kept(
     tmp_path: Path,
 ) -> None:
