@@ -15,8 +15,10 @@ written as one file. One run saves the same step to the local tier and the persi
                          verifies it by content, then the restore verifies and loads as usual
              persistent  every ramdisk wiped: the restore reads the persistent tier, a directory
                          on disk (--persistent-dir, its files evicted from the page cache first:
-                         a replacement pod on another node reads them cold), and with --s3 a
-                         bucket on a local SeaweedFS
+                         a replacement pod on another node reads them cold), printed as `pvc`:
+                         the local cluster's PersistentVolumes are such host directories
+                         (hostPath), bind-mounted into the pod; and with --s3 a bucket on a local
+                         SeaweedFS
            the same state each time (the loaded bytes are compared with the saved ones).
   cost     a training loop of steps, a local checkpoint every --period steps: the time the loop
            loses per checkpoint against the same loop without checkpoints, with peer copies off
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     on_disk: Path | None = None
     try:
         on_disk = Path(tempfile.mkdtemp(prefix="kubeckpt-peer-bench-", dir=args.persistent_dir))
-        persistent = {"directory": str(on_disk / "persistent")}
+        persistent = {"pvc": str(on_disk / "persistent")}  # what a local-cluster PV is
         if args.s3:
             from localcluster.binaries import ensure_seaweedfs
             from localcluster.seaweedfs import SeaweedFS
