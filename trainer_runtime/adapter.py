@@ -199,12 +199,23 @@ class AdapterBase:
     ) -> None:
         if not self.progress.enabled:
             return
-        self._ckpt.write_progress(self._record(step, loss, learning_rate, metrics), final=final)
+        record = self._record(step, (loss, learning_rate, metrics), final=final)
+        self._ckpt.write_progress(record, final=final)
 
     def _record(
-        self, step: int, loss: Any, learning_rate: Any, metrics: Mapping[str, Any] | None
+        self, step: int, report: tuple[Any, Any, Mapping[str, Any] | None], *, final: bool = False
     ) -> ProgressRecord:
-        loss, learning_rate = self._scalars(loss, learning_rate)
+        """The progress record of `step` from the loop's (loss, learning rate, metrics)."""
+        loss, learning_rate, metrics = report
+        try:
+            loss, learning_rate = self._scalars(loss, learning_rate)
+        except Exception as e:
+            if not final:
+                raise  # in the loop, the training script learns of it as from its own read
+            # The last loss is a device value whose computation failed (a peer gone in the
+            # middle of a collective): the final record goes without it rather than not at all.
+            log.warning("kubeckpt: the last loss cannot be read (%s); final progress without it", e)
+            loss = learning_rate = None
         timer = self._ckpt.timer
         return self.progress.build(
             step,
@@ -243,7 +254,7 @@ class AdapterBase:
     def _final_record(self) -> ProgressRecord | None:
         if not self.progress.enabled:
             return None
-        return self._record(self.step, *self._last_report)
+        return self._record(self.step, self._last_report, final=True)
 
     def _at_exit(self) -> None:
         if not self._closed and not self.stopped:

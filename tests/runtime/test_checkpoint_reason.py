@@ -72,3 +72,29 @@ def test_reason_periodic_then_jit_then_resume(tmp_path: Path) -> None:
     finally:
         again.close()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def test_a_last_loss_that_cannot_be_read_still_leaves_the_final_record(tmp_path: Path) -> None:
+    """A process ending because a peer died mid-collective: its last loss is a device value
+    whose computation failed, and reading it raises. In the loop that reaches the script; at
+    exit the final progress record and termination message are written without the loss."""
+    mgr, model = _manager(tmp_path)
+    mgr.restore()
+    _train(mgr, model, 0, 2)
+    mgr.wait()
+
+    def unreadable(loss, learning_rate):
+        raise RuntimeError("Gloo all-reduce failed: Connection closed by peer")
+
+    mgr._scalars = unreadable  # type: ignore[method-assign]
+    try:
+        mgr.step_end(3, loss=torch.ones(()))
+    except RuntimeError as e:
+        assert "Gloo" in str(e)
+    else:
+        raise AssertionError("the loop's own read must raise")
+    mgr._at_exit()
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["step"] == 3 and "loss" not in progress, progress
+    assert json.loads((tmp_path / "termination-log").read_text())["step"] == 3
+    mgr.close()
