@@ -125,24 +125,17 @@ def push_copy(
     """Send the complete checkpoint in `directory` as `sender`'s copy of `step`: every file, then
     the manifest. The bytes sent; PeerError when it did not complete (or was `superseded`
     between two files). `pause` is called between pieces of a file (Pusher._pause)."""
-    try:
-        data = (directory / MANIFEST_FILE).read_bytes()
-    except FileNotFoundError:
-        raise Removed(f"step {step}: no longer in the ramdisk") from None
-    manifest = Manifest.from_json(data)
     auth = {"Authorization": f"Bearer {token}"}
     sent = 0
-    conn = peer.connect()
+    conn = peer.connect()  # connects at the first request
     try:
+        data = (directory / MANIFEST_FILE).read_bytes()
+        manifest = Manifest.from_json(data)
         for f in manifest.files:
             if superseded is not None and superseded.is_set():
                 raise PeerError(f"step {step}: superseded by a newer checkpoint, or closing")
             algorithm, _ = f.checksum
-            try:
-                body = open(directory / f.path, "rb")
-            except FileNotFoundError:
-                raise Removed(f"step {step}: {f.path} no longer in the ramdisk") from None
-            with body:
+            with open(directory / f.path, "rb") as body:
                 if os.fstat(body.fileno()).st_size != f.size:
                     raise PeerError(f"{f.path}: changed since its manifest was written")
                 headers = {**auth, "Content-Length": str(f.size), CHECKSUM_HEADER: algorithm}
@@ -150,6 +143,8 @@ def push_copy(
             sent += f.size
         headers = {**auth, "Content-Length": str(len(data))}
         _put(conn, _url(sender, step, None), data, headers, MANIFEST_FILE)
+    except FileNotFoundError as e:  # the manifest or a file: retention removed the checkpoint
+        raise Removed(f"step {step}: no longer in the ramdisk ({e.filename})") from None
     except (OSError, http.client.HTTPException) as e:
         raise PeerError(f"step {step} to {peer.host}:{peer.port}: {e}") from e
     finally:

@@ -185,8 +185,8 @@ class PeerStore:
                 shutil.rmtree(partial, ignore_errors=True)
                 partial.mkdir(parents=True)
             target = self._inside(partial, rel, create=True)
+            pause = self.gate.wait if self.gate is not None else None
             try:
-                pause = self.gate.wait if self.gate is not None else None
                 digest = write_hashed(target, length, body, algorithm, pause=pause)
             except BodyEnded as e:
                 # The sender stopped (its pod is ending) or moved on to a newer checkpoint: not

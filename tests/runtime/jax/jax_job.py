@@ -17,7 +17,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -143,21 +145,29 @@ def main() -> int:
     return mgr.exit_code
 
 
+def _at_nth_call(owner: Any, name: str, n: int, act: Callable[[], None]) -> None:
+    """`owner.name` runs `act` before its n-th call in this process (a fault injected there)."""
+    original = getattr(owner, name)
+    calls = itertools.count(1)
+
+    def wrapped(*a, **kw):
+        if next(calls) == n:
+            act()
+        return original(*a, **kw)
+
+    setattr(owner, name, wrapped)
+
+
 def _fail_orbax_save(n: int) -> None:
     """The n-th orbax save of this process fails in its blocking part, after orbax's start
     barrier (as a host transfer failing on one process would): the others are then in orbax's
     own barriers, waiting for this one."""
     from orbax.checkpoint import StandardCheckpointHandler
 
-    original = StandardCheckpointHandler.async_save
-    calls = itertools.count(1)
+    def fail() -> None:
+        raise OSError("injected: this process's orbax save failed")
 
-    def async_save(self, *a, **kw):
-        if next(calls) == n:
-            raise OSError("injected: this process's orbax save failed")
-        return original(self, *a, **kw)
-
-    StandardCheckpointHandler.async_save = async_save
+    _at_nth_call(StandardCheckpointHandler, "async_save", n, fail)
 
 
 def _killed_in_orbax_save(n: int) -> None:
@@ -165,15 +175,7 @@ def _killed_in_orbax_save(n: int) -> None:
     the step and before orbax's barrier at the start of its save: the others then wait there."""
     from trainer_runtime.jax import orbax_format
 
-    original = orbax_format.start
-    calls = itertools.count(1)
-
-    def start(*a, **kw):
-        if next(calls) == n:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return original(*a, **kw)
-
-    orbax_format.start = start
+    _at_nth_call(orbax_format, "start", n, lambda: os.kill(os.getpid(), signal.SIGKILL))
 
 
 if __name__ == "__main__":

@@ -105,6 +105,14 @@ def receiver(tmp_path: Path) -> Iterator[Any]:
         r.server.stop()
 
 
+def _wait_sending(pusher: Pusher, step: int, timeout: float = 10) -> None:
+    """Until `pusher` has taken the offer of `step` (its push under way); fails after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while pusher.sending != step and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pusher.sending == step, (pusher.sending, step)
+
+
 def _raw(peer: Peer, method: str, path: str, body: bytes = b"", **headers: str) -> tuple[int, str]:
     conn = peer.connect()
     try:
@@ -385,16 +393,22 @@ def test_the_pusher_sends_the_newest_offer_and_never_blocks(receiver, tmp_path: 
     assert pusher.pushed[-1] == 3 and r.store.holding() == {0: {3: 3}}
 
 
+@pytest.mark.parametrize("removed", ["checkpoint-1", "checkpoint-1/rank-0.bin"])
 def test_a_step_retention_removed_before_its_push_is_skipped_not_failed(
-    receiver, tmp_path: Path, caplog
+    receiver, tmp_path: Path, caplog, removed: str
 ) -> None:
     """The commit of step S+1 removes S while S's offer is about to be taken (S+1's offer comes
-    right after): S is skipped quietly, and S+1 is sent."""
+    right after): S is skipped quietly, and S+1 is sent. Gone whole, or its files first (the
+    manifest still there)."""
     r = receiver()
     src = tmp_path / "ramdisk-0"
     for step in (1, 2):
         _checkpoint(src, step, {"rank-0.bin": os.urandom(1024)}, sequence=step)
-    shutil.rmtree(src / "checkpoint-1")
+    gone = src / removed
+    if gone.is_dir():
+        shutil.rmtree(gone)
+    else:
+        gone.unlink()
     pusher = Pusher(r.peer, TOKEN, 0, src)
     try:
         with caplog.at_level("INFO", logger="trainer_runtime.peer_copy"):
@@ -815,9 +829,7 @@ def test_close_ends_a_paused_push_at_once(receiver, tmp_path: Path) -> None:
     pusher = Pusher(r.peer, TOKEN, 0, src, gate)
     gate.hold()  # a save that does not end
     pusher.offer(5)
-    deadline = time.monotonic() + 10
-    while pusher.sending != 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_sending(pusher, 5)
     time.sleep(0.1)  # at the gate by now
     started = time.monotonic()
     gate.close()  # PeerCopy.close: the gate first, then the pusher
@@ -839,10 +851,7 @@ def test_copies_that_keep_being_superseded_are_said_once(receiver, tmp_path: Pat
         gate.hold()  # the node's own saves come back to back: the first copy waits
         with caplog.at_level("WARNING", logger="trainer_runtime.peer_copy"):
             pusher.offer(1)
-            deadline = time.monotonic() + 10
-            while pusher.sending != 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert pusher.sending == 1  # under way, paused at the gate
+            _wait_sending(pusher, 1)  # under way, paused at the gate
             for step in range(2, 7):
                 pusher.offer(step)
         lag = [m for m in caplog.messages if "peer copies lag" in m]
