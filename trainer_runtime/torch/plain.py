@@ -1,11 +1,13 @@
 """The per-rank checkpoint format: raw tensor files and one small state file per rank.
 
-`rank-<r>.<k>.tensors` hold the tensors' bytes back to back, in shards of about 128 MiB;
+`rank-<r>.<k>.tensors` hold the tensors' bytes in order, in shards of about 128 MiB, each tensor of
+a block or more starting on a block boundary (direct_write.ALIGN) so it can be written with
+O_DIRECT straight from its staging buffer; readers follow the offsets in the index;
 `rank-<r>.state.pt` (torch.save, loadable with weights_only=True) holds the tree's skeleton, each
 tensor's shard/offset/dtype/shape and the small per-rank state. Used for single-process jobs and
 for the local (ramdisk) tier, which only ever serves the same rank on the same node. It writes at
-disk speed, hashing each chunk just before writing it, and restores by reading straight into the
-existing parameters (no intermediate copy)."""
+disk speed around the page cache, hashing each piece just before writing it, and restores by
+reading straight into the existing parameters (no intermediate copy)."""
 
 from __future__ import annotations
 
@@ -20,14 +22,14 @@ from typing import Any
 import torch
 
 from ..contract import SHA256, format_checksum, new_hasher, preferred_checksum
-from ..fsutil import lower_thread_priority, write_all, write_durable
+from ..direct_write import ALIGN, Bounce, HashedFile
+from ..fsutil import lower_thread_priority, write_durable
 from .state import TENSOR_REF, fill_skeleton, iter_tensors, local_tensor, skeleton
 
 FORMAT = "kubeckpt-plain/1"
-# Hashed, then written while it is still in the CPU cache (L2): the tensor is read from memory
-# once, by the hash, and the write's copy into the page cache reads it from the cache. Not more:
-# on Linux 6.18 (ext4) a write of 2 MiB or more cost 5-10x the kernel CPU of 1 MiB writes
-# (0.65-1.5 s against 0.14 s per 600 MB), presumably allocating large page-cache folios.
+# The piece the DCP writer (dcp.py) hashes and writes buffered at a time: written while still in
+# the CPU cache (L2). Not more: on Linux 6.18 (ext4) a write of 2 MiB or more cost 5-10x the
+# kernel CPU of 1 MiB writes (0.65-1.5 s against 0.14 s per 600 MB).
 CHUNK = 1024 * 1024
 SHARD_BYTES = 128 * 1024 * 1024  # restore verifies shards on several threads
 # SHA-256 (the fallback where xxhash is missing) runs at ~1.1 GB/s a core, slower than the disk:
@@ -62,33 +64,50 @@ class WrittenFile:
 
 
 class _Shard:
-    def __init__(self, directory: Path, rank: int, number: int, algorithm: str) -> None:
+    def __init__(
+        self, directory: Path, rank: int, number: int, algorithm: str, bounce: Bounce | None
+    ) -> None:
         self.name = tensors_file(rank, number)
-        self.fd = os.open(directory / self.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.digest = new_hasher(algorithm)
-        self.size = 0
+        self.file = HashedFile(directory / self.name, new_hasher(algorithm), bounce)
         self.hasher = 0
+
+
+class _Queued:
+    """A digest whose updates run on a hash thread, in order (the SHA-256 fallback)."""
+
+    def __init__(self, pool: ThreadPoolExecutor, digest: Any, pending: list[Future[None]]):
+        self._pool, self._digest, self._pending = pool, digest, pending
+
+    def update(self, data: memoryview) -> None:
+        self._pending.append(self._pool.submit(self._digest.update, data))
+
+    def hexdigest(self) -> str:
+        return str(self._digest.hexdigest())
 
 
 def _layout(tensors: list[torch.Tensor]) -> tuple[list[dict[str, Any]], list[int]]:
     """Each tensor's index entry (shard, offset, size, dtype, shape) and each shard's size:
-    tensors back to back, a new shard where the next would take one past SHARD_BYTES."""
+    tensors in order, one of ALIGN bytes or more on an ALIGN boundary (the zeros before it are
+    part of the file), a new shard where the next would take one past SHARD_BYTES."""
     index: list[dict[str, Any]] = []
     shard_sizes: list[int] = []
     for t in map(local_tensor, tensors):  # a DTensor: this rank's shard, as staged
         size = t.numel() * t.element_size()
         if not shard_sizes or (shard_sizes[-1] and shard_sizes[-1] + size > SHARD_BYTES):
             shard_sizes.append(0)
+        offset = shard_sizes[-1]
+        if size >= ALIGN:
+            offset = -(-offset // ALIGN) * ALIGN
         index.append(
             {
                 "file": len(shard_sizes) - 1,
-                "offset": shard_sizes[-1],
+                "offset": offset,
                 "nbytes": size,
                 "dtype": str(t.dtype).removeprefix("torch."),
                 "shape": list(t.shape),
             }
         )
-        shard_sizes[-1] += size
+        shard_sizes[-1] = offset + size
     return index, shard_sizes
 
 
@@ -114,10 +133,13 @@ def write_rank(
 ) -> list[WrittenFile]:
     """Write and fsync this rank's files; hash while writing. ENOSPC and friends propagate.
 
-    Tensor bytes go to shards of about SHARD_BYTES in CHUNK pieces, each hashed on this thread
-    right before it is written (XXH3 at ~13 GB/s costs less than the write's own copy). With the
-    SHA-256 fallback, shards are hashed on HASH_THREADS threads instead, each shard's hash on one
-    thread, which keeps its updates in order.
+    Tensor bytes go to shards of about SHARD_BYTES, written around the page cache where the
+    filesystem allows it (direct_write.HashedFile: aligned staged tensors straight from their
+    memory, the rest through one bounce buffer), each piece hashed on this thread right before
+    it is written (XXH3 at ~13 GB/s). With the SHA-256 fallback, shards are hashed on
+    HASH_THREADS threads instead, each shard's hash on one thread, which keeps its updates in
+    order; those shards are written buffered, from the tensors' own memory, which stays as it is
+    until the hashes are done.
 
     `stream` supplies the bytes (default: the staged tensors whole); a chunked save's stream
     (staging.Chunked) reuses its buffer once the bytes it gave were written, so its pieces are
@@ -135,43 +157,49 @@ def write_rank(
         ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kubeckpt-hash{i}")
         for i in range(threads)
     ]
+    bounce = None if hashers else Bounce()
     try:
         for number in range(len(shard_sizes)):
-            shards.append(_Shard(directory, rank, number, algorithm))
+            shards.append(_Shard(directory, rank, number, algorithm, bounce))
             if hashers:  # a new shard goes to the hash thread with the fewest bytes queued
-                shards[-1].hasher = min(range(len(hashers)), key=load.__getitem__)
-                load[shards[-1].hasher] += shard_sizes[number]
+                shard = shards[-1]
+                shard.hasher = min(range(len(hashers)), key=load.__getitem__)
+                load[shard.hasher] += shard_sizes[number]
+                shard.file.digest = _Queued(hashers[shard.hasher], shard.file.digest, pending)
+        current = 0
         for i, start, view in (stream or _whole)(tensors):
             entry = index[i]
             if start + len(view) > entry["nbytes"]:
                 raise ValueError(f"tensor {i}: bytes past its end")
+            if entry["file"] < current:
+                raise ValueError(f"tensor {i}: bytes out of order at {start}")
+            while current < entry["file"]:  # the shards share the bounce buffer: one at a time
+                shards[current].file.finish(fsync=False)
+                current += 1
             shard = shards[entry["file"]]
             at = entry["offset"] + start
-            if at != shard.size:
+            if at < shard.file.size or (start and at != shard.file.size):
                 raise ValueError(f"tensor {i}: bytes out of order at {start}")
-            for begin in range(0, len(view), CHUNK):
-                chunk = view[begin : begin + CHUNK]
-                if hashers:
-                    pending.append(hashers[shard.hasher].submit(shard.digest.update, chunk))
-                else:
-                    shard.digest.update(chunk)
-                write_all(shard.fd, chunk, shard.size)
-                shard.size += len(chunk)
-        for shard, size in zip(shards, shard_sizes, strict=True):
-            if shard.size != size:
-                raise ValueError(f"{shard.name}: {shard.size} bytes written, {size} planned")
-        # fsync last: the device has been writing earlier chunks meanwhile (start_writeback).
+            shard.file.write_at(at, view)
+        for number, (shard, size) in enumerate(zip(shards, shard_sizes, strict=True)):
+            if number >= current:
+                shard.file.finish(fsync=False)
+            if shard.file.size != size:
+                raise ValueError(f"{shard.name}: {shard.file.size} bytes written, {size} planned")
+        # fsync last: the device has been writing the earlier shards meanwhile.
         for shard in shards:
-            os.fsync(shard.fd)
+            os.fsync(shard.file.fd)
     finally:
         for shard in shards:
-            os.close(shard.fd)
+            shard.file.close()
         for hasher in hashers:
             hasher.shutdown(wait=True)
+        if bounce is not None:
+            bounce.close()
     for f in pending:
         f.result()
     files = [
-        WrittenFile(s.name, s.size, format_checksum(algorithm, s.digest.hexdigest()))
+        WrittenFile(s.name, s.file.size, format_checksum(algorithm, s.file.digest.hexdigest()))
         for s in shards
     ]
     buf = io.BytesIO()

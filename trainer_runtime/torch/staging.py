@@ -16,12 +16,14 @@ budget; the bytes written are the same as an unchunked save's.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from ..direct_write import ALIGN
 from ..staging_budget import chunk_capacity, plan_chunks
 from .state import DTensor, Path, iter_tensors, map_tensors
 from .state import local_tensor as _local
@@ -29,6 +31,20 @@ from .state import local_tensor as _local
 
 def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def host_buffer(shape: Any, dtype: torch.dtype, *, pin: bool) -> torch.Tensor:
+    """An empty host tensor to stage into, page-aligned so that the plain writer can write it
+    with O_DIRECT without a copy (direct_write). Pinned for a device source (CUDA's host
+    allocator hands out page-aligned blocks); else, from ALIGN bytes on, an anonymous mapping of
+    its own: torch's allocator aligns to 64 bytes only, and a tensor cut from a larger one would
+    make DCP's writer clone it (it copies any tensor whose storage is larger than the tensor)."""
+    size = torch.Size(shape)
+    nbytes = size.numel() * dtype.itemsize
+    if pin or nbytes < ALIGN:
+        return torch.empty(size, dtype=dtype, pin_memory=pin)
+    region = mmap.mmap(-1, nbytes)  # the tensor keeps it alive, and unmaps it with its storage
+    return torch.frombuffer(region, dtype=torch.uint8).view(dtype).view(size)
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -202,7 +218,7 @@ class Stager:
         buf = self._buffers.get(path)
         if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
             # Pinned memory makes device-to-host copies asynchronous and full-speed.
-            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
+            buf = host_buffer(src.shape, src.dtype, pin=src.is_cuda)
             self._buffers[path] = buf
         return buf
 
@@ -297,7 +313,7 @@ class Stager:
         map_tensors(tree, plan)
         staged_whole: dict[Path, torch.Tensor] = {}
         for path, src in whole:
-            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=src.is_cuda)
+            buf = host_buffer(src.shape, src.dtype, pin=src.is_cuda)
             buf.copy_(src)  # small: BatchNorm statistics and the like
             self._buffers[path] = buf
             staged_whole[path] = buf
@@ -329,7 +345,7 @@ class Stager:
         buf = self._chunk_buffer
         if buf is None or len(buf) != capacity or buf.is_pinned() != cuda:
             self._chunk_buffer = None
-            buf = torch.empty(capacity, dtype=torch.uint8, pin_memory=cuda)
+            buf = host_buffer((capacity,), torch.uint8, pin=cuda)
             self._chunk_buffer = buf
         ready = None
         if cuda:
