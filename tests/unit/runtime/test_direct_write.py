@@ -242,3 +242,19 @@ def test_a_staged_save_puts_large_tensors_on_blocks_and_bypasses_the_page_cache(
     back = plain.read_rank(tmp_path, 0, None, meta)
     for key, t in tree.items():
         assert torch.equal(back[key], t), key
+
+
+def test_files_laid_out_back_to_back_before_the_alignment_still_restore(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint of an older runtime (no gaps: every tensor right after the one before)."""
+    tree = {"a": torch.randn(3), "w": torch.randn(100, 33), "v": torch.randn(2000)}
+    monkeypatch.setattr(plain, "ALIGN", 1)  # the old layout
+    plain.write_rank(tmp_path, 0, tree, {"step": 1})
+    monkeypatch.undo()
+    meta = plain.read_state(tmp_path, 0)
+    offsets = [e["offset"] for e in meta["index"]]
+    assert offsets == [0, 12, 12 + 100 * 33 * 4]  # back to back, as the old writer left them
+    back = plain.read_rank(tmp_path, 0, {k: torch.zeros_like(v) for k, v in tree.items()}, meta)
+    for key, t in tree.items():
+        assert torch.equal(back[key], t), key
