@@ -57,6 +57,9 @@ class Tier:
     name: str
     root: str
     generation: int = 0
+    # The files writers leave in write_dir are read straight back (uploaded from a staging
+    # directory): written through the page cache, not around it (direct_write).
+    read_back: bool = False
 
     def location(self, step: int, generation: int | None = None) -> str:
         raise NotImplementedError
@@ -218,6 +221,8 @@ class LocalTier(Tier):
 class S3Tier(Tier):
     """`s3://bucket/prefix` through s3fs. Credentials and endpoint come from the usual AWS
     variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...)."""
+
+    read_back = True
 
     def __init__(self, uri: str, staging_dir: str | os.PathLike[str], *, fs: Any = None) -> None:
         self.name = "persistent"

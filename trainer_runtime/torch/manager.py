@@ -93,7 +93,12 @@ class _TorchSave:
             if mgr._format(tier) == "plain":
                 stream = None if chunked is None else chunked.stream
                 return plain.write_rank(
-                    directory, mgr.rank, self.staged.tree, self.small, stream=stream
+                    directory,
+                    mgr.rank,
+                    self.staged.tree,
+                    self.small,
+                    stream=stream,
+                    around_page_cache=not tier.read_back,
                 )
             # dcp.save is collective: the protocol enters writers on every rank or on none. A
             # chunked save hands DCP the live tensors (training waits until it is done).

@@ -130,6 +130,7 @@ def write_rank(
     small_state: dict[str, Any],
     *,
     stream: ByteStream | None = None,
+    around_page_cache: bool = True,
 ) -> list[WrittenFile]:
     """Write and fsync this rank's files; hash while writing. ENOSPC and friends propagate.
 
@@ -140,6 +141,9 @@ def write_rank(
     HASH_THREADS threads instead, each shard's hash on one thread, which keeps its updates in
     order; those shards are written buffered, from the tensors' own memory, which stays as it is
     until the hashes are done.
+
+    `around_page_cache=False` writes buffered: files read straight back (an upload from a
+    staging directory) are then read from memory, not from the device.
 
     `stream` supplies the bytes (default: the staged tensors whole); a chunked save's stream
     (staging.Chunked) reuses its buffer once the bytes it gave were written, so its pieces are
@@ -157,7 +161,7 @@ def write_rank(
         ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kubeckpt-hash{i}")
         for i in range(threads)
     ]
-    bounce = None if hashers else Bounce()
+    bounce = Bounce() if around_page_cache and not hashers else None
     try:
         for number in range(len(shard_sizes)):
             shards.append(_Shard(directory, rank, number, algorithm, bounce))

@@ -23,6 +23,7 @@ import torch
 from trainer_runtime import direct_write
 from trainer_runtime.contract import hash_file, new_hasher, preferred_checksum
 from trainer_runtime.direct_write import ALIGN, Bounce, HashedFile
+from trainer_runtime.storage import LocalTier, S3Tier
 from trainer_runtime.torch import plain
 from trainer_runtime.torch.staging import Stager, host_buffer
 
@@ -258,3 +259,17 @@ def test_files_laid_out_back_to_back_before_the_alignment_still_restore(
     back = plain.read_rank(tmp_path, 0, {k: torch.zeros_like(v) for k, v in tree.items()}, meta)
     for key, t in tree.items():
         assert torch.equal(back[key], t), key
+
+
+def test_files_a_tier_reads_back_to_upload_are_written_through_the_page_cache(
+    tmp_path: Path,
+) -> None:
+    """s3://: the writer's files are uploaded from the staging directory right after the save,
+    so they are written buffered and the upload reads them from memory."""
+    needs_direct_io(tmp_path)
+    assert S3Tier.read_back and not LocalTier(tmp_path, "persistent").read_back
+    staged = Stager().stage({"w": torch.randn(512, 64)})
+    staged.wait()
+    plain.write_rank(tmp_path, 0, staged.tree, {}, around_page_cache=False)
+    shard = tmp_path / plain.tensors_file(0)
+    assert cached_pages(shard) == shard.stat().st_size // mmap.PAGESIZE
