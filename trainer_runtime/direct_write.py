@@ -39,6 +39,9 @@ BOUNCE_BYTES: Final = 4 * 1024 * 1024
 # 6.18 (ext4) buffered writes of 2 MiB or more cost 5-10x the kernel CPU of 1 MiB writes.
 BUFFERED_PIECE: Final = 1024 * 1024
 _O_DIRECT: Final = getattr(os, "O_DIRECT", 0)
+# Anonymous memory as malloc's: not shared with forked children (a DataLoader's workers), and
+# not counted as shared memory (mmap's default for an anonymous map is MAP_SHARED).
+PRIVATE: Final = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 
 
 def address(view: memoryview) -> int | None:
@@ -58,7 +61,7 @@ class Bounce:
     file one writer writes."""
 
     def __init__(self, size: int = BOUNCE_BYTES) -> None:
-        self._map = mmap.mmap(-1, size)
+        self._map = mmap.mmap(-1, size, flags=PRIVATE)
         self.view = memoryview(self._map)
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..direct_write import ALIGN
+from ..direct_write import ALIGN, PRIVATE
 from ..staging_budget import chunk_capacity, plan_chunks
 from .state import DTensor, Path, iter_tensors, map_tensors
 from .state import local_tensor as _local
@@ -43,7 +43,7 @@ def host_buffer(shape: Any, dtype: torch.dtype, *, pin: bool) -> torch.Tensor:
     nbytes = size.numel() * dtype.itemsize
     if pin or nbytes < ALIGN:
         return torch.empty(size, dtype=dtype, pin_memory=pin)
-    region = mmap.mmap(-1, nbytes)  # the tensor keeps it alive, and unmaps it with its storage
+    region = mmap.mmap(-1, nbytes, flags=PRIVATE)  # kept alive, then unmapped, by the tensor
     return torch.frombuffer(region, dtype=torch.uint8).view(dtype).view(size)
 
 
