@@ -16,7 +16,7 @@ written padded to ALIGN and the file then truncated to its size.
 
 A filesystem that refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE and network filesystems)
 refuses at open or at the first write with EINVAL; the file is then written buffered, with the
-writeback started after each piece (fsutil.start_writeback), as before.
+writeback started after each piece (fsutil.write_all), as before.
 """
 
 from __future__ import annotations
@@ -28,16 +28,13 @@ import mmap
 import os
 from typing import Any, Final
 
-from .fsutil import start_writeback
+from .fsutil import WRITE_PIECE, write_all
 
 ALIGN: Final = 4096
 # One direct write: larger pieces cost less CPU per byte (8 MiB: 0.17 CPU-s per 1.1 GiB,
 # 1 MiB: 0.21-0.27 on the benchmark machine).
 DIRECT_PIECE: Final = 8 * 1024 * 1024
 BOUNCE_BYTES: Final = 4 * 1024 * 1024
-# Buffered writes: hashed, then written while still in the CPU cache (L2). Not more: on Linux
-# 6.18 (ext4) buffered writes of 2 MiB or more cost 5-10x the kernel CPU of 1 MiB writes.
-BUFFERED_PIECE: Final = 1024 * 1024
 _O_DIRECT: Final = getattr(os, "O_DIRECT", 0)
 # Anonymous memory as malloc's: not shared with forked children (a DataLoader's workers), and
 # not counted as shared memory (mmap's default for an anonymous map is MAP_SHARED).
@@ -131,8 +128,8 @@ class HashedFile:
     def _put(self, view: memoryview) -> None:
         if not self.direct:
             self._flush()  # what was gathered before the filesystem refused a direct write
-            for begin in range(0, len(view), BUFFERED_PIECE):
-                piece = view[begin : begin + BUFFERED_PIECE]
+            for begin in range(0, len(view), WRITE_PIECE):
+                piece = view[begin : begin + WRITE_PIECE]
                 self.digest.update(piece)
                 self._write(piece, self.size)
                 self.size += len(piece)
@@ -168,22 +165,21 @@ class HashedFile:
         self._fill = 0
 
     def _write(self, view: memoryview, offset: int) -> None:
-        """pwrite all of `view` at `offset` (positioned: direct writes never move the file's
-        offset, and a file may go buffered half-way)."""
-        start, nbytes = offset, len(view)
-        while view:
+        """Write all of `view` at `offset`: direct while the filesystem takes it, else (and for
+        the rest, once it refused) buffered."""
+        while view and self.direct:
             try:
                 n = os.pwrite(self.fd, view, offset)
             except OSError as e:
-                if e.errno != errno.EINVAL or not self.direct:
+                if e.errno != errno.EINVAL:
                     raise  # ENOSPC and friends: the save fails, as a buffered one would
                 self._buffered()
-                continue
+                break
             view, offset = view[n:], offset + n
-            if self.direct and n % ALIGN:  # a short write off the block grid: no more direct
+            if n % ALIGN:  # a short write off the block grid: no more direct
                 self._buffered()
-        if not self.direct:
-            start_writeback(self.fd, start, nbytes)
+        if view:
+            write_all(self.fd, view, offset)
 
     def _buffered(self) -> None:
         """This filesystem refused a direct write: the rest of the file goes buffered (what

@@ -124,11 +124,20 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
         fn(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
+# The piece a buffered writer hashes and then writes, while it is still in the CPU cache (L2).
+# Not more: on Linux 6.18 (ext4) buffered writes of 2 MiB or more cost 5-10x the kernel CPU of
+# 1 MiB writes (0.65-1.5 s against 0.14 s per 600 MB).
+WRITE_PIECE = 1024 * 1024
+
+
 def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    """os.write all of `data` (which lands at `offset`), then start_writeback on it."""
+    """pwrite all of `data` at `offset`, then start_writeback on it. Positioned, so a file that
+    also had direct writes (which never move the file's offset) is written in the right place."""
     view = memoryview(data)
+    at = offset
     while view:
-        view = view[os.write(fd, view) :]
+        n = os.pwrite(fd, view, at)
+        view, at = view[n:], at + n
     start_writeback(fd, offset, len(data))
 
 

@@ -21,8 +21,8 @@ MiB = 1024 * 1024
 # the interpreter's own growth between two reads of the cgroup.
 MARGIN_MIN = 256 * MiB
 MARGIN_FRACTION = 0.10  # of the limit
-# A chunk buffer never shrinks below this (plain.CHUNK, the size of one write): smaller
-# chunks only add copies and synchronisations.
+# A chunk buffer never shrinks below this (fsutil.WRITE_PIECE, the size of one buffered write):
+# smaller chunks only add copies and synchronisations.
 MIN_CHUNK = 1 * MiB
 
 _CGROUP_V2 = Path("/sys/fs/cgroup")

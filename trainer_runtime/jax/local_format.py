@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from ..contract import format_checksum, new_hasher, preferred_checksum
+from ..fsutil import WRITE_PIECE as CHUNK
 from ..fsutil import lower_thread_priority, write_all, write_durable
 from .shards import shard_index
 
 FORMAT = "kubeckpt-jax-local/1"
-CHUNK = 1024 * 1024  # hashed, then written while still in the CPU cache (torch/plain.py)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.utils.serialization import config as serialization_config
 
 from ..contract import format_checksum, hash_file, new_hasher, preferred_checksum
+from ..fsutil import WRITE_PIECE as CHUNK
 from ..fsutil import lower_thread_priority, write_all
-from .plain import CHUNK, WrittenFile
+from .plain import WrittenFile
 
 METADATA = ".metadata"
 _SMALL_WRITE = 64 * 1024  # torch.save's zip headers: gathered into one write

@@ -27,10 +27,6 @@ from ..fsutil import lower_thread_priority, write_durable
 from .state import TENSOR_REF, fill_skeleton, iter_tensors, local_tensor, skeleton
 
 FORMAT = "kubeckpt-plain/1"
-# The piece the DCP writer (dcp.py) hashes and writes buffered at a time: written while still in
-# the CPU cache (L2). Not more: on Linux 6.18 (ext4) a write of 2 MiB or more cost 5-10x the
-# kernel CPU of 1 MiB writes (0.65-1.5 s against 0.14 s per 600 MB).
-CHUNK = 1024 * 1024
 SHARD_BYTES = 128 * 1024 * 1024  # restore verifies shards on several threads
 # SHA-256 (the fallback where xxhash is missing) runs at ~1.1 GB/s a core, slower than the disk:
 # then shards are hashed on threads beside the writer (hashlib releases the GIL).
