@@ -177,8 +177,11 @@ def test_trainjob_on_s3_drained_and_resumed_exactly(
     assert len(set(resumed)) == 1, resumed  # both ranks, the same checkpoint and step
     ((saved_, at_),) = set(resumed)
     saved, at = int(saved_), int(at_)
-    assert saved == at >= before, (resumed, before)  # the just-in-time save: no step lost
-    assert saved % SAVE_STEPS, f"resumed from the periodic checkpoint-{saved}: no JIT save"
+    assert saved == at >= before, (resumed, before)
+    # The stop's checkpoint is its own just-in-time save, or, when the drain came at a step whose
+    # periodic save was already durable, that one (nothing left to save: JitStop.begin). Either
+    # way no step is lost: the TrainingProgress's stepsLost and JITCheckpoint Event below.
+    stop_reasons = {"jit"} if saved % SAVE_STEPS else {"jit", "periodic"}
 
     # The just-in-time checkpoint is complete in the bucket, both ranks' shards in it.
     ckpt = f"{job_root}/checkpoint-{saved}"
@@ -217,7 +220,8 @@ def test_trainjob_on_s3_drained_and_resumed_exactly(
     assert doc["container"] == "node" and doc["pod"] == second[0]["metadata"]["name"], doc
     assert [t["root"] for t in doc["tiers"]] == [f"s3://{job_root}"], doc["tiers"]
     jit = next(c for c in doc["checkpoints"] if c["step"] == saved)
-    assert (jit["state"], jit["reason"], jit.get("resumedFrom")) == ("complete", "jit", True), jit
+    assert (jit["state"], jit.get("resumedFrom")) == ("complete", True), jit
+    assert jit["reason"] in stop_reasons, jit
     assert jit["location"] == f"s3://{ckpt}", jit
 
     try:

@@ -255,10 +255,9 @@ def test_trainjob_injected_preempted_by_suspend_resumed_exactly(
     t_suspend = patch_suspend(cluster, ns, job, True)
     wait_for(lambda: not pods(cluster, ns, job), "the suspended TrainJob's pods to go", 120)
     ckpts = checkpoints(volume, ns, job)
+    # The newest checkpoint: the stop's own save, or the periodic one when the stop came at a
+    # step already saved (JitStop.begin); the TrainingProgress's reason says "jit" either way.
     saved = max(s for s, ok in ckpts.items() if ok)
-    assert saved % 50 != 0, (
-        f"the newest checkpoint {saved} is a periodic one: no JIT save ({ckpts})"
-    )
     manifest = job_dir(volume, ns, job) / f"checkpoint-{saved}" / "manifest.json"
     files = {f["path"] for f in json.loads(manifest.read_text())["files"]}
     assert {"__0_0.distcp", "__1_0.distcp"} <= files, files  # both ranks, one step
