@@ -28,12 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
 from ..adapter import AdapterBase, before_update
 from ..config import Config
@@ -59,6 +54,7 @@ from .state import (
     local_tensor,
     object_state,
 )
+from .state_dict_view import StateDictView
 
 log = logging.getLogger("trainer_runtime.torch")
 
@@ -179,6 +175,7 @@ class CheckpointManager(AdapterBase):
         )
         if self.enabled and config.settings.jit:
             workers.install()  # DataLoader workers outlive the stop signal (workers.py)
+        self._state_dicts = StateDictView(model, self.optimizers)
         self._stager = Stager()
         self._staged: Staged | None = None  # the copy the save in flight is writing
         self._chunk_hold = False  # a chunked save training must wait for before the next step
@@ -265,10 +262,8 @@ class CheckpointManager(AdapterBase):
 
     def _targets(self) -> dict[str, Any]:
         """The live state dict (tensors share storage with the model): loads go in place."""
-        if self.optimizers:
-            msd, osd = get_state_dict(self.model, self.optimizers)
-            return {"model": msd, "optim": osd}
-        return {"model": get_model_state_dict(self.model)}
+        msd, osd = self._state_dicts.get()
+        return {"model": msd, "optim": osd} if self.optimizers else {"model": msd}
 
     def _apply_tensors(self, tree: dict[str, Any]) -> None:
         if self.optimizers:
