@@ -190,6 +190,12 @@ class CheckpointManager(AdapterBase):
         self._warmed = False
         self._stop.start_watcher(self._ctl, lambda step: self._stage(step, blocking=True))
 
+    def _close(self, *, together: bool) -> None:
+        try:
+            super()._close(together=together)
+        finally:
+            self._stager.close()  # after the save in flight, which close waits for
+
     def _end_groups(self, watcher_ended: bool) -> None:
         # A watcher still in a collective on its group (a rank gone): leave that one.
         destroy_groups((self._comm, self._io, self._ctl if watcher_ended else None))
@@ -362,6 +368,9 @@ class CheckpointManager(AdapterBase):
         return result
 
     def _stage(self, step: int, *, blocking: bool) -> _TorchSave:
+        # The small state first: once the copies below have started, the copier thread competes
+        # for the GIL with each of its Python calls (RNG, scheduler, sampler).
+        small = self._small_state(step)
         tree = self._targets()
         late = None
         if self.config.overlap_staging and not blocking:
@@ -383,7 +392,7 @@ class CheckpointManager(AdapterBase):
             staged = self._stager.stage_chunked(tree, budget, late=late, copy_cpu=copy_cpu)
             self._chunk_hold = late is None and not blocking
         self._staged = staged
-        return _TorchSave(self, staged, self._small_state(step))
+        return _TorchSave(self, staged, small)
 
     def _hold_for_chunked(self) -> None:
         """A chunked save whose copies the optimizer's pre-step hook does not wait for (staging
@@ -411,9 +420,9 @@ class CheckpointManager(AdapterBase):
 
     def _late_pointers(self, tree: dict[str, Any]) -> set[int]:
         """Storage of tensors only optimizer.step() changes: parameters and optimizer state."""
-        ptrs = {local_tensor(p.detach()).data_ptr() for p in self.model.parameters()}
+        ptrs = {local_tensor(p).data_ptr() for p in self.model.parameters()}
         for _, t in iter_tensors(tree.get("optim", {}).get("state", {})):
-            ptrs.add(local_tensor(t.detach()).data_ptr())
+            ptrs.add(local_tensor(t).data_ptr())
         ptrs.discard(0)
         return ptrs
 

@@ -37,16 +37,31 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 # --- tensor trees ---------------------------------------------------------------------------
 
 
+def detached(t: torch.Tensor) -> torch.Tensor:
+    """`t` without autograd history; detach() only where there is some (a state dict's tensors
+    have none, and detach() costs a new tensor object per tensor on every save)."""
+    return t.detach() if t.requires_grad else t
+
+
 def iter_tensors(tree: Any, path: Path = ()) -> Iterator[tuple[Path, torch.Tensor]]:
-    """(path, tensor) for every tensor in nested dicts/lists/tuples, in a stable order."""
-    if isinstance(tree, torch.Tensor):
-        yield path, tree
-    elif isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from iter_tensors(value, (*path, key))
-    elif isinstance(tree, list | tuple):
-        for i, value in enumerate(tree):
-            yield from iter_tensors(value, (*path, i))
+    """(path, tensor) for every tensor in nested dicts/lists/tuples, in a stable order.
+
+    Collected by plain recursion, then iterated: nested generators cost one resumption per
+    level for every tensor, and this walk runs several times in the save call."""
+    found: list[tuple[Path, torch.Tensor]] = []
+
+    def walk(node: Any, at: Path) -> None:
+        if isinstance(node, torch.Tensor):
+            found.append((at, node))
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, (*at, key))
+        elif isinstance(node, (list, tuple)):
+            for i, value in enumerate(node):
+                walk(value, (*at, i))
+
+    walk(tree, path)
+    return iter(found)
 
 
 def map_tensors(tree: Any, fn: Callable[[Path, torch.Tensor], Any], path: Path = ()) -> Any:

@@ -1,0 +1,56 @@
+"""The stager's copier thread: late copies land, one thread serves every save, close ends it."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from trainer_runtime.torch.staging import Stager
+
+
+def copier_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("kubeckpt-stage")]
+
+
+def test_late_copies_run_on_one_kept_thread() -> None:
+    before = len(copier_threads())
+    stager = Stager()
+    tree = {"w": torch.randn(256, 256), "b": torch.randn(256), "n": torch.tensor(3)}
+    late = {tree["w"].data_ptr(), tree["b"].data_ptr()}
+    try:
+        for round_ in range(3):
+            staged = stager.stage(tree, late=lambda t: t.data_ptr() in late)
+            staged.wait_before_update()  # the late copies have read their sources
+            assert not staged.pending_late
+            staged.wait()
+            for key, src in tree.items():
+                assert torch.equal(staged.tree[key], src), (round_, key)
+                assert staged.tree[key].data_ptr() != src.data_ptr()
+            with torch.no_grad():
+                tree["w"].add_(1)  # the next save copies the new values
+            assert len(copier_threads()) == before + 1
+    finally:
+        stager.close()
+    assert len(copier_threads()) == before
+    stager.close()  # idempotent
+
+
+def test_a_failed_late_copy_is_reported_by_wait_and_the_thread_goes_on() -> None:
+    stager = Stager()
+    try:
+        # A meta tensor has no bytes to copy: the copy raises on the copier thread.
+        staged = stager.stage({"w": torch.empty(64, 64, device="meta")}, late=lambda t: True)
+        staged.wait_before_update()  # training is not the one to be told
+        try:
+            staged.wait()
+        except RuntimeError as e:
+            assert "staging the checkpoint failed" in str(e)
+        else:
+            raise AssertionError("wait() did not report the copy's failure")
+        src = torch.randn(64, 64)
+        again = stager.stage({"w": src}, late=lambda t: True)
+        again.wait()
+        assert torch.equal(again.tree["w"], src)
+    finally:
+        stager.close()
