@@ -14,6 +14,7 @@ from trainer_runtime.contract import ContractError
 from trainer_runtime.staging_budget import (
     MARGIN_MIN,
     MIN_CHUNK,
+    KernelFiles,
     Memory,
     MiB,
     Span,
@@ -109,6 +110,42 @@ def test_reads_cgroup_v1_and_ignores_its_unlimited_value(tmp_path: Path) -> None
     assert read_memory(tmp_path / "none", v1, tmp_path / "none") == Memory(4 * GiB, 1 * GiB, 1000)
     (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     assert read_memory(tmp_path / "none", v1, tmp_path / "none") == Memory(None)
+
+
+def test_kept_open_files_are_read_anew_each_time(tmp_path: Path) -> None:
+    # What every save reads: the cgroup's files through descriptors kept open. A limit changed
+    # in place (an in-place pod resize) and a new usage must show at the next read.
+    v2 = _files(
+        tmp_path / "v2",
+        {
+            "memory.max": f"{8 * GiB}\n",
+            "memory.current": f"{3 * GiB}\n",
+            "memory.stat": "inactive_file 7\n" + "".join(f"x{i} {i}\n" for i in range(9000)),
+        },
+    )
+    files = KernelFiles()
+    try:
+        got = read_memory(v2, tmp_path / "none", tmp_path / "none", read=files.read)
+        assert got == Memory(8 * GiB, 3 * GiB, 7)
+        (v2 / "memory.max").write_text(f"{16 * GiB}\n")  # rewritten in place, shorter or longer
+        (v2 / "memory.current").write_text(f"{12 * GiB}\n")
+        got = read_memory(v2, tmp_path / "none", tmp_path / "none", read=files.read)
+        assert got == Memory(16 * GiB, 12 * GiB, 7)
+        # memory.stat is past one 64 KiB read here: read whole.
+        assert files.read(v2 / "memory.stat") == (v2 / "memory.stat").read_text()
+        assert files.read(tmp_path / "none" / "memory.max") is None
+        (v2 / "memory.max").write_text("max\n")
+        meminfo = tmp_path / "meminfo"
+        meminfo.write_text("MemAvailable:  2000000 kB\n")
+        got = read_memory(v2, tmp_path / "none", meminfo, read=files.read)
+        assert got == Memory(None, available=2_000_000 * 1024)
+    finally:
+        files.close()
+    # This process's own figures, read either way, agree (the same files, moments apart).
+    own = KernelFiles()
+    fresh, kept = read_memory(), read_memory(read=own.read)
+    own.close()
+    assert (fresh.limit, fresh.available is None) == (kept.limit, kept.available is None)
 
 
 def test_the_override_wins() -> None:
