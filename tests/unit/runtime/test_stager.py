@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import torch
 
 from trainer_runtime.torch.staging import Stager
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def copier_threads() -> list[threading.Thread]:
@@ -54,3 +60,47 @@ def test_a_failed_late_copy_is_reported_by_wait_and_the_thread_goes_on() -> None
         assert torch.equal(again.tree["w"], src)
     finally:
         stager.close()
+
+
+CHILD = """
+import sys
+from pathlib import Path
+import torch
+from torch import nn
+from trainer_runtime.torch import CheckpointManager
+
+root = Path(sys.argv[1])
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)])  # 0.4 GiB with Adam's state
+opt = torch.optim.Adam(model.parameters())
+model(torch.randn(4, 2048)).sum().backward()
+opt.step()
+env = {
+    "CHECKPOINT_ENABLED": "true",
+    "CHECKPOINT_URI": str(root / "persistent"),
+    "CHECKPOINT_SAVE_STEPS": "1000",
+    "CHECKPOINT_JIT": "false",
+    "TRAINING_PROGRESS_FILE": str(root / "progress.json"),
+    "KUBECKPT_TERMINATION_LOG": str(root / "termination-log"),
+}
+mgr = CheckpointManager.from_env(model, opt, environ=env)
+mgr.restore()
+mgr.step_end(1)  # the optimizer has state: the staging buffers are warmed in the background
+mgr.close()
+print("closed", flush=True)
+"""
+
+
+def test_a_process_that_ends_while_the_buffers_warm_exits_cleanly(tmp_path: Path) -> None:
+    # The warm-up used to run on a daemon thread, still filling buffers when the interpreter
+    # shut down: torch aborted the process ("terminate called without an active exception",
+    # SIGABRT, exit 134), so a short job failed after finishing. close() now waits for it.
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert "closed" in proc.stdout
