@@ -202,7 +202,7 @@ class Stager:
     @property
     def held_bytes(self) -> int:
         """Host memory the buffers keep for the next save (counted in the process's use)."""
-        self.wait_warm()
+        self._wait_warm()
         return sum(_nbytes(b) for b in self._buffers.values())
 
     def _allocated(self, name: tuple[Any, ...], buf: torch.Tensor) -> None:
@@ -236,7 +236,7 @@ class Stager:
     def drop_live(self, model: torch.nn.Module) -> None:
         """Before a save that is not staged whole: give up the buffers of what it will not copy
         (a second full copy is what the budget rules out); HELD keeps those it still fills."""
-        self.wait_warm()
+        self._wait_warm()
         if self.mode is Staging.BLOCKING:
             self._buffers.clear()
         elif self.mode is Staging.HELD:
@@ -263,11 +263,12 @@ class Stager:
                     buf = torch.empty(shape, dtype=dtype, pin_memory=cuda).fill_(0)
                     self._allocated(name, buf)
 
-        self._warming = threading.Thread(target=run, name="kubeckpt-warm", daemon=True)
+        # Not a daemon: the interpreter waits for it at exit. A daemon thread still filling
+        # buffers then made torch abort the process (SIGABRT, exit 134) after a short run.
+        self._warming = threading.Thread(target=run, name="kubeckpt-warm")
         self._warming.start()
 
-    def wait_warm(self) -> None:
-        """The background warm-up, if any, has finished."""
+    def _wait_warm(self) -> None:
         if self._warming is not None:
             self._warming.join()
             self._warming = None
@@ -326,7 +327,7 @@ class Stager:
         """A deep copy of nested dicts/lists/tuples with every tensor copied to CPU (`late`:
         copied by `start_late`'s thread, when staging overlaps). `live`: `obj` itself, a fresh
         state_dict written from training memory (a save not staged whole)."""
-        self.wait_warm()
+        self._wait_warm()
         if live:
             return obj
         memo = {} if memo is None else memo
@@ -347,7 +348,7 @@ class Stager:
 
     def model_state(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """model.state_dict() with trainable parameters and buffers copied, frozen ones as-is."""
-        self.wait_warm()
+        self._wait_warm()
         frozen = {_key(p.detach()) for p in model.parameters() if not p.requires_grad}
         trained = {_key(p.detach()) for p in model.parameters() if p.requires_grad}
         # HELD: trainable parameters are written in place (the next update waits); BLOCKING: all.

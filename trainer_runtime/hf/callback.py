@@ -425,10 +425,6 @@ class KubeckptCallback(TrainerCallback):
         if ckpt is None or stop is None:
             return
         self._release_fetched()
-        if self.stager is not None:
-            # A warm-up still filling buffers when the interpreter exits aborts the process
-            # (SIGABRT from torch, exit 134): a short run would fail after finishing.
-            self.stager.wait_warm()
         # The last save is durable and committed before train() returns. After a JIT stop a later
         # SIGTERM (the kubelet's, after preStop) must not turn the clean exit into 143.
         stop.close(final=lambda: self._record(state))

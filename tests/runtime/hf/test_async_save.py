@@ -200,7 +200,7 @@ def test_staging_buffers_are_allocated_ahead_and_reused(tmp_path):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 2:
                 stager = trainer.kubeckpt.stager
-                stager.wait_warm()
+                stager._wait_warm()
                 warmed.update(stager._buffers)
 
     trainer = kubeckpt_trainer(

@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 from trainer_runtime.torch.staging import Stager
@@ -62,12 +63,12 @@ def test_a_failed_late_copy_is_reported_by_wait_and_the_thread_goes_on() -> None
         stager.close()
 
 
-CHILD = """
+MODEL = """
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 import torch
 from torch import nn
-from trainer_runtime.torch import CheckpointManager
 
 root = Path(sys.argv[1])
 torch.manual_seed(0)
@@ -75,6 +76,11 @@ model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)])  # 0.4 GiB wit
 opt = torch.optim.Adam(model.parameters())
 model(torch.randn(4, 2048)).sum().backward()
 opt.step()
+"""
+# The torch adapter: the optimizer has state, so step_end warms the buffers in the background.
+TORCH = """
+from trainer_runtime.torch import CheckpointManager
+
 env = {
     "CHECKPOINT_ENABLED": "true",
     "CHECKPOINT_URI": str(root / "persistent"),
@@ -85,18 +91,36 @@ env = {
 }
 mgr = CheckpointManager.from_env(model, opt, environ=env)
 mgr.restore()
-mgr.step_end(1)  # the optimizer has state: the staging buffers are warmed in the background
+mgr.step_end(1)
 mgr.close()
+print("closed", flush=True)
+"""
+# The HF Trainer's stager, warmed as the callback warms it after the first step (a Trainer's
+# few attributes it reads: a plain module is saved as raw safetensors).
+HF = """
+from trainer_runtime.hf import async_save
+
+trainer = SimpleNamespace(
+    model=model,
+    optimizer=opt,
+    args=SimpleNamespace(should_save=True, save_only_model=False),
+    accelerator=SimpleNamespace(unwrap_model=lambda m, keep_torch_compile=False: m),
+)
+async_save.Stager().warm(trainer)
 print("closed", flush=True)
 """
 
 
-def test_a_process_that_ends_while_the_buffers_warm_exits_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("adapter", ["torch", "hf"])
+def test_a_process_that_ends_while_the_buffers_warm_exits_cleanly(
+    tmp_path: Path, adapter: str
+) -> None:
     # The warm-up used to run on a daemon thread, still filling buffers when the interpreter
     # shut down: torch aborted the process ("terminate called without an active exception",
-    # SIGABRT, exit 134), so a short job failed after finishing. close() now waits for it.
+    # SIGABRT, exit 134), so a short job failed after finishing. The torch adapter's close()
+    # waits for its copier thread; the HF stager's warm-up thread is no daemon.
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path)],
+        [sys.executable, "-c", MODEL + (TORCH if adapter == "torch" else HF), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
