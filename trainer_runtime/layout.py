@@ -196,10 +196,12 @@ def verify_checkpoint(
     *,
     checksums: bool | Callable[[int], bool],
     threads: int | None = None,
+    deferred: Callable[[Manifest], Collection[str]] | None = None,
 ) -> tuple[Manifest | None, list[str]]:
     """Read and check a checkpoint's manifest against its files: sizes always, content checksums
     (each file's xxh3_128 or sha256) when `checksums` is True or, given a callable, when it
-    returns True for the total size.
+    returns True for the total size. The files `deferred` names (given the manifest) get only
+    the size check here: their reader checks the content as it loads them (resume's one pass).
 
     Returns (manifest, problems); the manifest is None when it cannot be read. A manifest of a
     format version this runtime does not know raises UnsupportedFormatVersion instead. Files are
@@ -218,13 +220,15 @@ def verify_checkpoint(
     problems = verify(path, manifest, checksums=False)  # sizes first: cheap, and catches most
     if callable(checksums):
         checksums = checksums(manifest.total_size)
-    if problems or not checksums or not manifest.files:
+    skip = frozenset(deferred(manifest)) if deferred is not None else frozenset()
+    hashed = [f for f in manifest.files if f.path not in skip]
+    if problems or not checksums or not hashed:
         return manifest, problems
     if threads is None:
         threads = min(8, max(2, os.cpu_count() or 2))
-    groups: list[list] = [[] for _ in range(min(threads, len(manifest.files)))]
+    groups: list[list] = [[] for _ in range(min(threads, len(hashed)))]
     loads = [0] * len(groups)
-    for entry in sorted(manifest.files, key=lambda f: -f.size):
+    for entry in sorted(hashed, key=lambda f: -f.size):
         i = loads.index(min(loads))
         groups[i].append(entry)
         loads[i] += entry.size

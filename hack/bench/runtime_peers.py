@@ -404,8 +404,9 @@ class Kubeckpt(Peer):
         return "loaded" if step == self.n else f"skipped (restore returned step {step})"
 
     def verify_pass(self) -> float:
-        """The content check alone (every file hashed from the page cache), to show how restore
-        time splits: loading in place (restore with sizes only) plus this pass."""
+        """The content check alone, every file hashed from the page cache: what a restore that
+        checks before loading adds (StartFresh, DCP); the default one hashes the shards as it
+        loads them, so its time is close to the restore with sizes only."""
         from trainer_runtime import layout
 
         t0 = time.monotonic()

@@ -50,7 +50,7 @@ from .env import (
     parse_duration,
     parse_generation_dir_name,
 )
-from .errors import ContractError, UnsupportedFormatVersion
+from .errors import ContentMismatch, ContractError, UnsupportedFormatVersion
 from .manifest import (
     CHECKSUM_ALGORITHMS,
     FORMAT_VERSION,
@@ -70,6 +70,7 @@ from .manifest import (
     build_manifest,
     check_relative_path,
     checksum_available,
+    content_problem,
     format_checksum,
     hash_file,
     is_complete,
@@ -164,6 +165,7 @@ __all__ = [
     "TRAINING_PROGRESS_FILE",
     "XXH3_128",
     "CheckpointingStatus",
+    "ContentMismatch",
     "ContractError",
     "Manifest",
     "ManifestFile",
@@ -175,6 +177,7 @@ __all__ = [
     "checkpoint_dir_name",
     "checkpoint_rel_path",
     "checksum_available",
+    "content_problem",
     "format_checksum",
     "format_decimal",
     "format_duration",

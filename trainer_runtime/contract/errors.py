@@ -1,4 +1,4 @@
-"""The one error type of the contract module."""
+"""The contract module's errors."""
 
 from __future__ import annotations
 
@@ -30,6 +30,16 @@ class UnsupportedFormatVersion(ContractError):
         )
         self.version = version
         self.known = known
+
+
+class ContentMismatch(ContractError):
+    """Files whose bytes do not match their manifest, found while a loader read them (restore
+    defers the check of what it reads anyway to that read: one pass over the device, not two).
+    `problems` holds one line per file, worded as `manifest.verify` words them."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems) or "content mismatch")
+        self.problems = tuple(problems)
 
 
 def describe(value: object, limit: int = 80) -> str:

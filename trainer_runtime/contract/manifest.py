@@ -549,7 +549,7 @@ def verify(
             )
             continue
         if checksums:
-            algorithm, expected = entry.checksum
+            algorithm, _ = entry.checksum
             if not checksum_available(algorithm):
                 problems.append(
                     f"cannot check {algorithm}: {entry.path}: install the xxhash package"
@@ -560,16 +560,20 @@ def verify(
             except OSError as e:
                 problems.append(f"unreadable file: {entry.path}: {e.strerror}")
                 continue
-            if size != entry.size:  # changed while we read it
-                problems.append(
-                    f"size mismatch: {entry.path}: expected {entry.size} bytes, found {size}"
-                )
-            elif digest != expected:
-                problems.append(
-                    f"checksum mismatch: {entry.path}: expected {algorithm} {expected}, "
-                    f"got {digest}"
-                )
+            if (problem := content_problem(entry, size, digest)) is not None:
+                problems.append(problem)
     return problems
+
+
+def content_problem(entry: ManifestFile, size: int, digest: str) -> str | None:
+    """What is wrong with a file read as `size` bytes hashing to `digest` (hex, with the entry's
+    own algorithm, `entry.checksum`), or None when that is what `entry` describes."""
+    algorithm, expected = entry.checksum
+    if size != entry.size:  # changed while it was read
+        return f"size mismatch: {entry.path}: expected {entry.size} bytes, found {size}"
+    if digest != expected:
+        return f"checksum mismatch: {entry.path}: expected {algorithm} {expected}, got {digest}"
+    return None
 
 
 def write_manifest_atomic(directory: str | os.PathLike[str], manifest: Manifest) -> Path:

@@ -37,6 +37,7 @@ from ..contract import (
     checkpoint_rel_path,
     format_rfc3339,
 )
+from ..contract.env import ON_UNVERIFIABLE_FAIL
 from ..generations import choose_generation, highest_sequence
 from ..peer_copy.service import TIER_LABEL as PEER_COPY_TIER
 from ..peer_copy.service import PeerCopy
@@ -175,6 +176,7 @@ class Checkpointer:
                 loader,
                 checksums=self.config.should_verify_checksums,
                 keep_fetched=keep_fetched,
+                unverifiable_stops=self.config.settings.on_unverifiable == ON_UNVERIFIABLE_FAIL,
             )
             self._act_on(decide_resume(outcome, self.config.settings.on_unverifiable))
         self.plan(resumed=restored is not None, restored=restored.generation if restored else None)

@@ -13,18 +13,26 @@
    (`Loader.prepare`); all agree; then it loads in place (`Loader.apply`, may be collective); all
    agree. A candidate that fails anywhere is skipped on every rank alike, and named in the
    ResumeOutcome (resume_outcome.py decides whether starting from step 0 is allowed).
+
+A loader that reads files whole anyway (`ContentCheckingLoader`: the torch plain format) checks
+their content as it reads them when "none verifies" ends the process (onUnverifiableCheckpoints:
+Fail, the default): the fetcher checks only their sizes, and restore reads them once, from the
+device straight into the live tensors, instead of twice (docs/benchmarks.md, session 25). A
+mismatch then comes after the load touched live state: an older candidate that loads replaces
+it all (a strict load), and when none does the process stops anyway. Under StartFresh every file
+is checked before any load, so step 0 starts from untouched weights.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .. import handover, layout
-from ..contract import Manifest, UnsupportedFormatVersion, read_manifest
+from ..contract import ContentMismatch, Manifest, UnsupportedFormatVersion, read_manifest
 from ..generations import Entry, commit_order
 from ..storage import Tier
 from .agreement import Agreement
@@ -51,6 +59,24 @@ class Loader(Protocol):
 
     def apply(self, prepared: Any, path: Path, manifest: Manifest, tier: Tier) -> None:
         """Load into the live state (every rank calls it: it may be collective)."""
+
+
+class ContentCheckingLoader(Loader, Protocol):
+    """A Loader that can check files' content against the manifest while it loads them."""
+
+    def verified_in_load(self, manifest: Manifest) -> Collection[str]:
+        """The files (manifest paths) `apply` reads whole on this process and can check."""
+
+    def apply(
+        self,
+        prepared: Any,
+        path: Path,
+        manifest: Manifest,
+        tier: Tier,
+        verify: frozenset[str] = frozenset(),
+    ) -> None:
+        """Load; the files in `verify` are checked as they are read (ContentMismatch naming
+        each bad one, after whatever was read went into live state)."""
 
 
 @dataclass
@@ -161,9 +187,13 @@ def restore(
     *,
     checksums: bool | Callable[[int], bool] = True,
     keep_fetched: bool = False,
+    unverifiable_stops: bool = False,
 ) -> tuple[Restored | None, ResumeOutcome]:
     """Load the first candidate that every rank can load (None when there is none), with what
     was passed over on the way (`resume_outcome.decide_resume` says what that means).
+
+    `unverifiable_stops`: the caller ends the process when no candidate verifies, so a
+    ContentCheckingLoader may check content during the load (the module's docstring).
 
     A candidate whose manifest has a format version this runtime does not know ends the search:
     nothing older is loaded in place of a newer runtime's checkpoint.
@@ -173,8 +203,11 @@ def restore(
     """
     dirty = False
     rejected: list[Rejected] = []
+    in_load = getattr(loader, "verified_in_load", None) if unverifiable_stops else None
     for candidate in found:
-        restored, touched, rejection = _try(io, me, candidate, loader, checksums, keep_fetched)
+        restored, touched, rejection = _try(
+            io, me, candidate, loader, checksums, keep_fetched, in_load
+        )
         dirty = dirty or touched
         if restored is not None:
             return restored, ResumeOutcome(restored.step, tuple(rejected))
@@ -182,7 +215,10 @@ def restore(
             rejected.append(rejection)
             if rejection.kind == UNSUPPORTED:
                 break
-    if dirty:
+    stops = any(
+        r.kind == UNSUPPORTED or (unverifiable_stops and r.kind == UNVERIFIED) for r in rejected
+    )
+    if dirty and not stops:  # (when the process stops anyway, the outcome says why, by name)
         raise RestoreError(
             "every checkpoint failed to load after one was partly loaded into the model: "
             "the in-memory state is inconsistent; restart the process"
@@ -197,19 +233,27 @@ def _try(
     loader: Loader,
     checksums: bool | Callable[[int], bool],
     keep_fetched: bool,
+    in_load: Callable[[Manifest], Collection[str]] | None = None,
 ) -> tuple[Restored | None, bool, Rejected | None]:
     """(what was restored, whether live state was touched, why it was passed over). Every rank
-    makes the same collective calls whatever fails."""
+    makes the same collective calls whatever fails. `in_load`: the loader's verified_in_load,
+    where it may check content while loading."""
     tier, step, generation = candidate.tier, candidate.step, candidate.entry.generation
     where = tier.location(step, generation)
     fetcher = me.fetches(tier)
     problems: list[str] = []
     unsupported = False
+    deferred: frozenset[str] = frozenset()  # files whose content the load checks
     path = tier.fetch_dir(step, generation)
     if fetcher:
         try:
             path = tier.fetch(step, generation)
-            _, problems = layout.verify_checkpoint(path, checksums=checksums)
+            fetched, problems = layout.verify_checkpoint(
+                path, checksums=checksums, deferred=in_load
+            )
+            if in_load is not None and fetched is not None and not problems:
+                on = checksums(fetched.total_size) if callable(checksums) else checksums
+                deferred = frozenset(in_load(fetched)) if on else frozenset()
         except UnsupportedFormatVersion as e:
             problems, unsupported = [str(e)], True
         except Exception as e:
@@ -236,15 +280,25 @@ def _try(
         if not io.all_ok(manifest is not None):
             return None, False, Rejected(where, UNLOADABLE, (why or "failed on another rank",))
         assert manifest is not None
-        ok = True
+        ok, mismatch = True, False
         try:
-            loader.apply(prepared, path, manifest, tier)
+            if in_load is not None:
+                checking = cast(ContentCheckingLoader, loader)
+                checking.apply(prepared, path, manifest, tier, verify=deferred)
+            else:
+                loader.apply(prepared, path, manifest, tier)
+        except ContentMismatch as e:
+            problems, mismatch, ok = list(e.problems), True, False
+            log.warning("kubeckpt: skipping %s: %s", where, "; ".join(problems[:5]))
         except Exception as e:
             why = describe(e)
             log.warning("kubeckpt: loading %s failed: %s", where, why)
             ok = False
         if not io.all_ok(ok):
-            return None, True, Rejected(where, UNLOADABLE, (why or "failed on another rank",))
+            if io.all_ok(not mismatch):
+                return None, True, Rejected(where, UNLOADABLE, (why or "failed on another rank",))
+            reasons = tuple(problems[:MAX_REASONS]) or ("failed verification on another rank",)
+            return None, True, Rejected(where, UNVERIFIED, reasons)
         # A ramdisk copy (no generations there) says which generation its run wrote.
         run_generation = manifest.generation if tier.name == "local" else generation
         restored = Restored(step, tier, where, manifest, path, run_generation, generation)

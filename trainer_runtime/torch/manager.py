@@ -116,8 +116,25 @@ class _TorchLoader:
         fmt = info.get("format", "plain") if isinstance(info, dict) else "plain"
         return fmt, self.mgr._read_small(path, manifest, fmt)
 
+    def verified_in_load(self, manifest: Manifest) -> frozenset[str]:
+        """The plain format's tensor shards of the rank this process reads: `apply` hashes them
+        as it reads them, so restore reads them from the device once, not twice."""
+        info = manifest.extra.get("kubeckpt", {})
+        if (info.get("format", "plain") if isinstance(info, dict) else "plain") != "plain":
+            return frozenset()
+        try:
+            src = self.mgr._plain_source_rank(manifest)
+        except ValueError:
+            return frozenset()  # not loadable here: prepare says why
+        return frozenset(f.path for f in plain.shard_files(manifest, src).values())
+
     def apply(
-        self, prepared: tuple[str, dict[str, Any]], path: Path, manifest: Manifest, tier: Tier
+        self,
+        prepared: tuple[str, dict[str, Any]],
+        path: Path,
+        manifest: Manifest,
+        tier: Tier,
+        verify: frozenset[str] = frozenset(),
     ) -> None:
         mgr = self.mgr
         fmt, small = prepared
@@ -127,7 +144,9 @@ class _TorchLoader:
             tree = targets
         else:
             src = mgr._plain_source_rank(manifest)
-            tree = plain.read_rank(path, src, targets, small["_meta"])
+            shards = plain.shard_files(manifest, src)
+            checked = {k: f for k, f in shards.items() if f.path in verify}
+            tree = plain.read_rank(path, src, targets, small["_meta"], checked)
         mgr._apply_tensors(tree)
         mgr._apply_small(small["state"], same_rank=small["same_rank"], manifest=manifest)
 

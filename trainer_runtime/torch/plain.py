@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,18 @@ from typing import Any
 
 import torch
 
-from ..contract import SHA256, format_checksum, new_hasher, preferred_checksum
+from ..contract import (
+    HASH_CHUNK_BYTES,
+    SHA256,
+    ContentMismatch,
+    Manifest,
+    ManifestFile,
+    checksum_available,
+    content_problem,
+    format_checksum,
+    new_hasher,
+    preferred_checksum,
+)
 from ..direct_write import ALIGN, Bounce, HashedFile
 from ..fsutil import lower_thread_priority, write_durable
 from .state import TENSOR_REF, fill_skeleton, iter_tensors, local_tensor, skeleton
@@ -222,10 +233,33 @@ def read_state(directory: Path, rank: int) -> dict[str, Any]:
     return data
 
 
-def read_rank(directory: Path, rank: int, targets: Any, meta: dict[str, Any]) -> Any:
+def shard_files(manifest: Manifest, rank: int) -> dict[int, ManifestFile]:
+    """The manifest's entries of `rank`'s tensor shards, by shard number."""
+    found = {}
+    for f in manifest.files:
+        head, dot, tail = f.path.removesuffix(".tensors").rpartition(".")
+        if f.path.endswith(".tensors") and dot and head == f"rank-{rank}" and tail.isdigit():
+            found[int(tail)] = f
+    return found
+
+
+def read_rank(
+    directory: Path,
+    rank: int,
+    targets: Any,
+    meta: dict[str, Any],
+    verify: Mapping[int, ManifestFile] | None = None,
+) -> Any:
     """The saved tensor tree, read into `targets`' tensors where they match (same path, dtype,
     shape, contiguous CPU; a DTensor's local shard), into new tensors otherwise, then copied
-    onto device targets. Shards are read on up to READ_THREADS threads (reads release the GIL)."""
+    onto device targets. Shards are read on up to READ_THREADS threads (reads release the GIL).
+
+    The shards in `verify` (by number: restore deferred their content check to this read) are
+    read whole, in order, each piece hashed right after it lands, while it is still in the CPU
+    cache; a shard that does not match its entry raises ContentMismatch once every shard is
+    read. What was read by then is in `targets` already: the caller counts them as touched.
+    """
+    verify = verify or {}
     target_by_path = dict(iter_tensors(targets))
     paths = _ref_paths(meta["skeleton"])
     index = meta["index"]
@@ -255,24 +289,27 @@ def read_rank(directory: Path, rank: int, targets: Any, meta: dict[str, Any]) ->
         reads.setdefault(entry["file"], []).append((entry["offset"], view))
         dests.append((dest, target, direct, original))
 
-    def read_shard(shard: int) -> None:
+    for shard in verify:
+        reads.setdefault(shard, [])  # a shard no tensor names is still checked
+
+    def read_shard(shard: int) -> str | None:
         name = tensors_file(rank, shard)
         with open(directory / name, "rb", buffering=0) as f:
+            if shard in verify:
+                return _read_verified(f, name, reads[shard], verify[shard])
             for offset, view in reads[shard]:
                 f.seek(offset)
-                while view:
-                    n = f.readinto(view)
-                    if not n:
-                        raise ValueError(f"{name}: truncated")
-                    view = view[n:]
+                _read_into(f, name, view)
+        return None
 
     workers = min(READ_THREADS, len(reads))
     if workers > 1:
         with ThreadPoolExecutor(workers, thread_name_prefix="kubeckpt-read") as pool:
-            list(pool.map(read_shard, sorted(reads)))
+            found = list(pool.map(read_shard, sorted(reads)))
     else:
-        for shard in sorted(reads):
-            read_shard(shard)
+        found = [read_shard(shard) for shard in sorted(reads)]
+    if problems := [p for p in found if p is not None]:
+        raise ContentMismatch(problems)
     loaded: list[torch.Tensor] = []
     for dest, target, direct, original in dests:
         if target is not None and not direct:
@@ -280,6 +317,45 @@ def read_rank(directory: Path, rank: int, targets: Any, meta: dict[str, Any]) ->
         # In place: the tree keeps the live (possibly distributed) tensor.
         loaded.append(dest if original is None else original)
     return fill_skeleton(meta["skeleton"], loaded)
+
+
+def _read_into(f: Any, name: str, view: memoryview) -> None:
+    while view:
+        n = f.readinto(view)
+        if not n:
+            raise ValueError(f"{name}: truncated")
+        view = view[n:]
+
+
+def _read_verified(
+    f: Any, name: str, reads: list[tuple[int, memoryview]], entry: ManifestFile
+) -> str | None:
+    """Read a whole shard from its start: the tensors into their destinations, the alignment
+    zeros between them into a scratch buffer, hashing every piece after it is read; then what is
+    wrong with it against `entry` (None: it matches). Unreadable files raise OSError."""
+    algorithm, _ = entry.checksum
+    if not checksum_available(algorithm):
+        return f"cannot check {algorithm}: {entry.path}: install the xxhash package"
+    digest = new_hasher(algorithm)
+    scratch = memoryview(bytearray(HASH_CHUNK_BYTES))
+    pos = 0
+    for offset, view in sorted(reads, key=lambda r: r[0]):
+        if offset < pos:
+            raise ValueError(f"{name}: tensors overlap at byte {offset}")
+        while pos < offset:  # the zeros before an aligned tensor are part of the hash
+            gap = scratch[: min(len(scratch), offset - pos)]
+            _read_into(f, name, gap)
+            digest.update(gap)
+            pos += len(gap)
+        for start in range(0, len(view), HASH_CHUNK_BYTES):
+            piece = view[start : start + HASH_CHUNK_BYTES]
+            _read_into(f, name, piece)
+            digest.update(piece)
+        pos += len(view)
+    while n := f.readinto(scratch):  # past the last tensor: only a damaged file has more
+        digest.update(scratch[:n])
+        pos += n
+    return content_problem(entry, pos, digest.hexdigest())
 
 
 def _ref_paths(skel: Any) -> list[tuple[Any, ...]]:
